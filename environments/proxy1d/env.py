@@ -1,0 +1,185 @@
+"""The proxy 1D environment: the loop-closure test of the SAGIPS paper (section V).
+
+The generator maps noise (dimension 6) to p in [0, 1]^6 (Sigmoid), mapped to physical parameters; the pipeline
+samples `events_per_sample` events per parameter set from sigma1 and sigma2 with the inverse-CDF sampler; the
+discriminator sees (x1, x2) pairs. A norm loss (MSE of generated vs reference norms) fixes the overall scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sagips.config import ConfigError, opt
+from sagips.environment import Environment
+from sagips.models import mlp
+
+from . import theory
+
+
+@dataclass
+class Proxy1DConfig:
+    """`environment:` section for name=proxy1d. Defaults are the paper's settings."""
+
+    name: str = opt("proxy1d", "registered environment name")
+    true_params: list[float] = opt(list(theory.TRUE_PARAMS), "the truth p0..p5 used to make reference data")
+    param_min: list[float] = opt(list(theory.PARAM_MIN), "lower bounds of the physical parameters")
+    param_max: list[float] = opt(list(theory.PARAM_MAX), "upper bounds of the physical parameters")
+    grid_points: int = opt(1000, "x grid points in [x_min, x_max] for the CDF", min=3)
+    x_min: float = opt(0.1, "lower end of the x grid", gt=0.0)
+    x_max: float = opt(0.99999, "upper end of the x grid", max=0.99999999)
+    data_file: str | None = opt(None, "reference HDF5 file (dataset 'events'); null = generate from true_params")
+    reference_events: int = opt(1_000_000, "events generated when no data_file is given", min=1)
+    param_samples: int = opt(1024, "parameter sets predicted per epoch (paper: 1024)", min=1)
+    events_per_sample: int = opt(100, "events sampled per parameter set (paper: 100)", min=1)
+    subset_fraction: float = opt(0.5, "fraction of the reference data each rank keeps", gt=0.0, max=1.0)
+    noise_dim: int = opt(6, "generator noise dimension", min=1)
+    hidden: int = opt(128, "hidden width of both networks", min=1)
+    layers: int = opt(4, "hidden layers of both networks", min=1)
+    loss: str = opt("bce", "adversarial loss: 'bce' (non-saturating GAN) or 'mse' (least squares)",
+                    choices=("bce", "mse"))
+    norm_weight: float = opt(1.0, "weight of the norm loss in the generator loss", min=0.0)
+
+    def validate(self) -> None:
+        for key in ("true_params", "param_min", "param_max"):
+            if len(getattr(self, key)) != 6:
+                raise ConfigError(f"environment.{key}: expected 6 values, got {len(getattr(self, key))}")
+        for i, (lo, hi, t) in enumerate(zip(self.param_min, self.param_max, self.true_params)):
+            if not lo < hi:
+                raise ConfigError(f"environment.param_min[{i}]: must be < param_max[{i}] ({lo} >= {hi})")
+            if not lo <= t <= hi:
+                raise ConfigError(f"environment.true_params[{i}]: {t} is outside [{lo}, {hi}]")
+            if t == 0:
+                raise ConfigError(f"environment.true_params[{i}]: must be non-zero (residuals divide by it)")
+        if not self.x_min < self.x_max:
+            raise ConfigError(f"environment.x_min: must be < x_max ({self.x_min} >= {self.x_max})")
+
+
+class Proxy1D(Environment):
+    name = "proxy1d"
+    Config = Proxy1DConfig
+    datasets = {"events": 2}
+
+    def __init__(self, cfg: Proxy1DConfig, device: torch.device | str = "cpu", seed: int = 0):
+        super().__init__(cfg, device, seed)
+        dev = self.device
+        self.x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, device=dev)
+        self.pmin = torch.tensor(cfg.param_min, device=dev)
+        self.pmax = torch.tensor(cfg.param_max, device=dev)
+        self.true = torch.tensor(cfg.true_params, device=dev)
+        self.data: torch.Tensor | None = None
+        self.ref_norms: torch.Tensor | None = None
+        self._n_fake = cfg.param_samples * cfg.events_per_sample
+        # preallocated label tensors for the adversarial losses (no per-step allocation)
+        self._ones = torch.ones(self._n_fake, 1, device=dev)
+        self._zeros = torch.zeros(self._n_fake, 1, device=dev)
+
+    # -- reference data ---------------------------------------------------------------------------------------
+    @classmethod
+    def generate_reference(cls, cfg: Proxy1DConfig, seed: int, n_events: int | None = None
+                           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        n = n_events or cfg.reference_events
+        x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
+        p = torch.tensor([cfg.true_params], dtype=torch.float64)
+        norms, cdf = theory.norms_and_cdf(p, x)
+        gen = torch.Generator().manual_seed(seed)
+        out = np.empty((n, 2), dtype=np.float32)
+        chunk = 1 << 20
+        for start in range(0, n, chunk):  # chunks bound the memory of searchsorted on huge N
+            m = min(chunk, n - start)
+            u = torch.rand((1, 2, m), generator=gen, dtype=torch.float64)
+            out[start:start + m] = theory.sample_inverse_cdf(cdf, x, u)[0].T.numpy()
+        attrs = {"true_params": np.asarray(cfg.true_params, dtype=np.float64),
+                 "norms": norms[0].numpy().astype(np.float64)}
+        return {"events": out}, attrs
+
+    def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        events = arrays["events"]
+        n_keep = max(1, int(round(self.cfg.subset_fraction * len(events))))
+        self.subset_idx = np.sort(rng.choice(len(events), size=n_keep, replace=False))
+        self.data = torch.as_tensor(events[self.subset_idx], device=self.device)
+        if "norms" in attrs:
+            self.ref_norms = torch.as_tensor(np.asarray(attrs["norms"], dtype=np.float32), device=self.device)
+        else:  # a data file without norms: use the theory's norms at the configured truth
+            self.ref_norms = theory.norms_and_cdf(self.true[None], self.x)[0][0]
+
+    # -- networks ------------------------------------------------------------------------------------------------
+    def build_generator(self) -> torch.nn.Module:
+        c = self.cfg
+        return mlp(c.noise_dim, 6, c.hidden, c.layers, out_act=torch.nn.Sigmoid()).to(self.device)
+
+    def build_discriminator(self) -> torch.nn.Module:
+        c = self.cfg
+        return mlp(2, 1, c.hidden, c.layers).to(self.device)
+
+    # -- one epoch ---------------------------------------------------------------------------------------------
+    def noise(self, n: int) -> torch.Tensor:
+        return torch.randn((n, self.cfg.noise_dim), generator=self.gen, device=self.device)
+
+    def real_batch(self) -> torch.Tensor:
+        idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)
+        return self.data[idx]
+
+    def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
+        return theory.to_physical(G(self.noise(n)), self.pmin, self.pmax)
+
+    def synthesize(self, G: torch.nn.Module, real: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.params(G, self.cfg.param_samples)
+        return theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen)
+
+    def _adv(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.cfg.loss == "bce":
+            return F.binary_cross_entropy_with_logits(logits, target)
+        return F.mse_loss(logits, target)
+
+    def d_loss(self, D, real, fake) -> torch.Tensor:
+        events, _ = fake
+        return self._adv(D(real), self._ones) + self._adv(D(events), self._zeros)
+
+    def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        events, norms = fake
+        adv = self._adv(D(events), self._ones)
+        norm_loss = F.mse_loss(norms, self.ref_norms.expand_as(norms))
+        return adv + self.cfg.norm_weight * norm_loss, {"norm_loss": norm_loss}
+
+    @property
+    def events_per_epoch(self) -> int:
+        return self._n_fake
+
+    # -- quality -----------------------------------------------------------------------------------------------
+    def truth(self) -> list[float]:
+        return list(self.cfg.true_params)
+
+    @torch.no_grad()
+    def predict(self, G: torch.nn.Module, n: int) -> torch.Tensor:
+        """Mean physical prediction over n noise vectors (shape (6,))."""
+        return self.params(G, n).mean(0)
+
+    @torch.no_grad()
+    def quality(self, G: torch.nn.Module, n: int = 1024) -> dict[str, Any]:
+        return self._residuals(self.predict(G, n).tolist())
+
+    def _residuals(self, p_hat: list[float]) -> dict[str, Any]:
+        """r_i = (p_i - p^_i) / p_i (eq. 6) of a mean prediction p^."""
+        r = [(t - p) / t for t, p in zip(self.cfg.true_params, p_hat)]
+        return {"params": list(p_hat), "residuals": r, "max_abs_residual": max(abs(v) for v in r)}
+
+    def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Residuals of the prediction averaged over the ranks' generators (eq. 7 over ranks)."""
+        p_hat = np.mean([q["params"] for q in per_rank], axis=0).tolist()
+        out = self._residuals(p_hat)
+        out["rank_max_abs_residual"] = [q["max_abs_residual"] for q in per_rank]
+        return out
+
+    def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:
+        return {"max|r|": f"{q['max_abs_residual']:.3f}"}
+
+    def summary_table(self, q: dict[str, Any]) -> str:
+        rows = ["  i   true        predicted   residual (p-p^)/p", "  " + "-" * 46]
+        for i, (t, p, r) in enumerate(zip(self.cfg.true_params, q["params"], q["residuals"])):
+            rows.append(f"  {i}  {t:+10.5f}  {p:+10.5f}  {r:+10.4f}")
+        rows.append(f"  max |r| = {q['max_abs_residual']:.4f}")
+        return "\n".join(rows)

@@ -1,0 +1,9 @@
+"""SAGIPS: a Scalable Asynchronous Generative Inverse Problem Solver.
+
+    mpiexec -n 4 python -m sagips.run --mode rma-arar-arar --config configs/proxy1d-quick.yaml
+
+A GAN solves an inverse problem: the generator predicts physics parameters, a differentiable pipeline (an
+environment) turns them into events, and every MPI rank's own discriminator compares those with reference data.
+Only generator gradients cross ranks (`sagips.comm`).
+"""
+__version__ = "0.1.0"

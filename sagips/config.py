@@ -1,0 +1,305 @@
+"""Typed run configuration: dataclasses whose defaults are the paper's settings (SAGIPS paper, Table III).
+
+Precedence, lowest first: dataclass defaults -> `--config FILE` (a preset YAML, which only overrides) ->
+`--set a.b=value` (values parsed as YAML) -> the dedicated CLI flags (`--mode`, `--epochs`, `--seed`, ...).
+
+Every error (unknown key, wrong type, value out of range) is a `ConfigError` whose message is one line that names
+the key; `sagips.run` turns it into exit status 2 before any work starts.
+
+The `environment` section is typed by the environment itself: `environment.name` picks a registered environment
+(see `sagips.environment`) whose `Config` dataclass validates the rest of the section.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line that names the key and says what to fix."""
+
+
+def _meta(help: str, **checks: Any) -> dict:
+    return {"help": help, **checks}
+
+
+def opt(default: Any, help: str, **checks: Any) -> Any:
+    """A documented dataclass field. `checks`: min, max, gt (exclusive minimum), choices."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=_meta(help, **checks))
+    return field(default=default, metadata=_meta(help, **checks))
+
+
+@dataclass
+class TrainConfig:
+    """The per-rank epoch loop (paper Table III and section V-A)."""
+
+    epochs: int = opt(100_000, "number of training epochs (one generator step each)", min=1)
+    lr_g: float = opt(1e-5, "generator learning rate (Adam)", gt=0.0)
+    lr_d: float = opt(1e-4, "discriminator learning rate (Adam)", gt=0.0)
+    beta1: float = opt(0.5, "Adam beta1 for both networks", min=0.0, max=0.999999)
+    beta2: float = opt(0.999, "Adam beta2 for both networks", min=0.0, max=0.999999)
+    log_every: int = opt(100, "epochs between metrics.jsonl records (losses + quality)", min=1)
+    checkpoint_every: int = opt(5000, "epochs between generator checkpoints (also at epoch 1 and at the end)", min=1)
+    quality_samples: int = opt(1024, "noise vectors used for the logged mean prediction", min=1)
+    device: str = opt("auto", "'auto' (cuda:(local_rank % device_count) if CUDA is present, else cpu), 'cpu' or 'cuda'",
+                      choices=("auto", "cpu", "cuda"))
+    threads: int = opt(0, "torch intra-op threads per rank; 0 = cores on this host / ranks on this host", min=0)
+    progress: bool = opt(True, "show a progress bar on rank 0")
+
+
+@dataclass
+class CommConfig:
+    """How generator gradients travel between ranks (paper section IV-B)."""
+
+    inner_size: int = opt(0, "ranks per inner group; 0 = the ranks of one node (MPI COMM_TYPE_SHARED)", min=0)
+    outer_every: int = opt(1000, "h: the leaders' (outer) ring runs every h epochs", min=1)
+    ring: str = opt("whole", "'whole' (paper: N-1 hops of the full buffer) or 'chunked' (reduce-scatter + all-gather)",
+                    choices=("whole", "chunked"))
+    exchange_bias: bool = opt(False, "also exchange bias gradients (the paper exchanges weight gradients only)")
+    max_staleness: int = opt(10, "RMA: drop a contribution older than this many epochs", min=0)
+    timeout_s: float = opt(300.0, "watchdog: abort the job if a rank waits longer than this in an exchange (0 = never)",
+                           min=0.0)
+
+
+@dataclass
+class PipelineConfig:
+    """Straggler knob: a fixed sleep in the pipeline of chosen ranks, every epoch (the paper's motivating case)."""
+
+    delay_s: float = opt(0.0, "seconds of sleep added to the pipeline of each rank in delay_ranks", min=0.0)
+    delay_ranks: list[int] = opt([], "ranks (in the run's communicator) whose pipeline is slowed")
+
+
+@dataclass
+class EnsembleConfig:
+    """Ensembles of independent runs inside one mpiexec."""
+
+    members: int = opt(1, "split the world into this many independent runs (member{m:03d}/ subdirectories)", min=1)
+
+
+@dataclass
+class Config:
+    """A whole run. Defaults reproduce the paper's proxy 1D settings."""
+
+    mode: str = opt("ensemble", "gradient exchange mode", choices=MODES)
+    seed: int = opt(1234, "base random seed; every rank derives its own from it", min=0)
+    output_dir: str = opt("runs/default", "where run.json, metrics.jsonl and checkpoints/ go")
+    label: str = opt("", "free-text label carried into run.json (used by sagips.analyze --group-by label)")
+    environment: Any = None  # the environment's own Config dataclass, filled in by `build_config`
+    train: TrainConfig = field(default_factory=TrainConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+
+
+# --------------------------------------------------------------------------------------------- validation
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints are accepted where floats are expected)."""
+    origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, value, a)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{key}: must be one of {list(get_args(tp))}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp, *_) = get_args(tp) or (Any,)
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            # PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string; users mean a number
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover - a programming error
+
+
+def _check_range(key: str, value: Any, meta: dict) -> None:
+    if value is None:
+        return
+    vals = value if isinstance(value, list) else [value]
+    for v in vals:
+        if "choices" in meta and v not in meta["choices"]:
+            raise ConfigError(f"{key}: must be one of {list(meta['choices'])}, got {v!r}")
+        if "min" in meta and v < meta["min"]:
+            raise ConfigError(f"{key}: must be >= {meta['min']}, got {v!r}")
+        if "max" in meta and v > meta["max"]:
+            raise ConfigError(f"{key}: must be <= {meta['max']}, got {v!r}")
+        if "gt" in meta and not v > meta["gt"]:
+            raise ConfigError(f"{key}: must be > {meta['gt']}, got {v!r}")
+
+
+def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a (possibly partial) dict, validating every key, type and range."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (known keys in "
+                          f"'{prefix.rstrip('.') or 'top level'}': {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        key = prefix + name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, data[name], key + ".")
+        else:
+            value = _coerce(key, data[name], tp)
+            _check_range(key, value, f.metadata)
+            kwargs[name] = value
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        check()
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON/YAML-able dict of a (nested) config dataclass."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(key, default, help) for every documented field; used by `sagips.run --help-config`."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, prefix + f.name + ".")
+        elif "help" in f.metadata:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((prefix + f.name, default, f.metadata["help"]))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- loading
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (['a', 'b'], yaml-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set train.lr_g=1e-4")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({str(e).splitlines()[0]})") from None
+    return key.split("."), value
+
+
+def load_yaml(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: the top level must be a mapping of sections")
+    return data
+
+
+def merge(base: dict, path: list[str], value: Any) -> None:
+    node = base
+    for i, part in enumerate(path[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {'.'.join(path)}: '{'.'.join(path[:i + 1])}' is not a section")
+        node = nxt
+    node[path[-1]] = value
+
+
+def build_config(raw: dict) -> Config:
+    """Validate a raw nested dict into a Config, including the environment's own section."""
+    from sagips.environment import get_environment  # local: the registry imports torch
+
+    raw = dict(raw)
+    env_raw = raw.pop("environment", None) or {}
+    if not isinstance(env_raw, dict):
+        raise ConfigError(f"environment: expected a mapping with at least 'name', got {env_raw!r}")
+    env_raw = dict(env_raw)
+    name = env_raw.pop("name", "proxy1d")
+    env_cls = get_environment(name)
+    cfg = from_dict(Config, raw)
+    cfg.environment = from_dict(env_cls.Config, env_raw, "environment.")
+    cfg.environment.name = name
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    d = to_dict(cfg)
+    env = dict(d.pop("environment") or {})
+    env = {"name": getattr(cfg.environment, "name", "proxy1d"), **{k: v for k, v in env.items() if k != "name"}}
+    return {"mode": d.pop("mode"), "environment": env, **d}
+
+
+def load(config_file: str | None, sets: list[str] = (), flags: dict | None = None) -> Config:
+    """Defaults <- YAML preset <- --set overrides <- CLI flags, validated."""
+    raw: dict = load_yaml(config_file) if config_file else {}
+    for item in sets:
+        path, value = parse_set(item)
+        merge(raw, path, value)
+    for dotted, value in (flags or {}).items():
+        if value is not None:
+            merge(raw, dotted.split("."), value)
+    return build_config(raw)

@@ -1,0 +1,125 @@
+"""The Environment protocol and its registry.
+
+An environment is the physics side of SAGIPS: it owns the pipeline that turns generator output into events, the
+reference data, the two networks and the GAN losses. It never imports mpi4py: parallelism is applied from outside
+(`sagips.trainer` + `sagips.comm`).
+
+Environments register through the entry-point group ``sagips.environments`` exactly as a third-party package would::
+
+    [project.entry-points."sagips.environments"]
+    proxy1d = "sagips_environments.proxy1d:Proxy1D"
+
+The trainer's epoch loop, in terms of this protocol::
+
+    for k in range(env.n_critic):                      # critic steps
+        real = env.real_batch()
+        with torch.no_grad(): fake = env.synthesize(G, real)
+        loss_d = env.d_loss(D, real, fake)             # backward + D optimizer step
+    real = env.real_batch()
+    fake = env.synthesize(G, real)                      # differentiable w.r.t. G
+    loss_g, extras = env.g_loss(D, real, fake)          # backward, then the gradient exchange, then G step
+"""
+from __future__ import annotations
+
+import abc
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+GROUP = "sagips.environments"
+
+
+class Environment(abc.ABC):
+    """Base class of SAGIPS environments. Subclasses set `name`, `Config` and implement the methods below."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type]  #: the dataclass of the `environment:` config section
+    #: names of the HDF5 datasets of the reference data, with their expected number of columns
+    datasets: ClassVar[dict[str, int]]
+    n_critic: int = 1  #: critic steps per generator step
+
+    def __init__(self, cfg: Any, device: torch.device, seed: int):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        #: the environment's own random stream on the device (bootstrap indices, noise, sampler uniforms)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(seed)
+
+    # -- reference data (numpy arrays; the trainer broadcasts them from rank 0) -------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def generate_reference(cls, cfg: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Make reference data from the configured truth: (arrays, attributes)."""
+
+    @abc.abstractmethod
+    def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        """Keep this rank's share of the reference data (e.g. a random subset) on the device."""
+
+    # -- networks -------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def build_generator(self) -> torch.nn.Module: ...
+
+    @abc.abstractmethod
+    def build_discriminator(self) -> torch.nn.Module: ...
+
+    # -- one epoch ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def real_batch(self) -> Any:
+        """A batch of real events, bootstrapped from this rank's data."""
+
+    @abc.abstractmethod
+    def synthesize(self, G: torch.nn.Module, real: Any) -> Any:
+        """Generator output pushed through the pipeline: synthetic events (differentiable w.r.t. G)."""
+
+    @abc.abstractmethod
+    def d_loss(self, D: torch.nn.Module, real: Any, fake: Any) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def g_loss(self, D: torch.nn.Module, real: Any, fake: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Generator loss, and extra scalar tensors to log (e.g. the norm loss)."""
+
+    @property
+    @abc.abstractmethod
+    def events_per_epoch(self) -> int:
+        """Discriminator batch size: synthetic events per critic step (N_disc of eq. 9)."""
+
+    # -- quality -----------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def quality(self, G: torch.nn.Module) -> dict[str, Any]:
+        """Convergence measures for metrics.jsonl (residuals for proxy1d, JS similarity for optigan)."""
+
+    def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """The run's quality from every rank's (e.g. the prediction averaged over the ranks' generators)."""
+        return per_rank[0]
+
+    def truth(self) -> list[float] | None:
+        """The true parameters, if the environment has them (loop-closure tests)."""
+        return None
+
+    def progress_fields(self, quality: dict[str, Any]) -> dict[str, str]:
+        """Short fields for the rank-0 progress bar."""
+        return {}
+
+    def summary_table(self, quality: dict[str, Any]) -> str:
+        """A human-readable table printed at the end of a run."""
+        return ""
+
+
+def available() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def get_environment(name: str) -> type[Environment]:
+    """The registered environment class called `name`; a ConfigError naming the choices otherwise."""
+    from sagips.config import ConfigError
+
+    eps = available()
+    if name not in eps:
+        known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
+        raise ConfigError(f"environment.name: unknown environment {name!r} (registered: {known})")
+    cls = eps[name].load()
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"environment.name: entry point {name!r} does not point to an Environment subclass")
+    return cls

@@ -1,0 +1,48 @@
+"""Rank 0 loads (or generates) the reference data and broadcasts it to every rank as raw numpy buffers.
+
+The layout (names, shapes, attributes) travels as a JSON byte string; the arrays travel with `Bcast` on their
+buffers, never as pickles.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+
+
+def broadcast_arrays(comm, make: Callable[[], tuple[dict[str, np.ndarray], dict[str, Any]]] | None,
+                     root: int = 0) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """On `root`, call `make()`; everywhere, return the same (arrays, attrs).
+
+    If `make` raises on the root, every rank raises the same error (no rank is left waiting in a Bcast).
+    """
+    from mpi4py import MPI
+
+    header = None
+    arrays: dict[str, np.ndarray] = {}
+    if comm.rank == root:
+        try:
+            arrays, attrs = make()
+            arrays = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in arrays.items()}
+            header = {"ok": True, "arrays": {k: list(v.shape) for k, v in arrays.items()},
+                      "attrs": {k: np.asarray(v).tolist() for k, v in attrs.items()}}
+        except Exception as e:  # forwarded to every rank below
+            header = {"ok": False, "type": type(e).__name__, "error": str(e)}
+    raw = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8) if comm.rank == root else None
+    size = np.array([0 if raw is None else raw.size], dtype=np.int64)
+    comm.Bcast([size, MPI.INT64_T], root=root)
+    if raw is None:
+        raw = np.empty(int(size[0]), dtype=np.uint8)
+    comm.Bcast([raw, MPI.BYTE], root=root)
+    header = json.loads(raw.tobytes().decode())
+    if not header["ok"]:
+        from sagips.io.refdata import DataError
+        from sagips.config import ConfigError
+        cls = {"DataError": DataError, "ConfigError": ConfigError}.get(header["type"], RuntimeError)
+        raise cls(header["error"])
+    for name, shape in header["arrays"].items():
+        if comm.rank != root:
+            arrays[name] = np.empty(shape, dtype=np.float32)
+        comm.Bcast([arrays[name], MPI.FLOAT], root=root)
+    return arrays, header["attrs"]

@@ -1,0 +1,45 @@
+"""MLP builders and initialisation. Pure torch: no MPI here (parallelism is applied from outside).
+
+Paper sizes (SAGIPS Table III, section V-A):
+    generator     = mlp(6, 6, hidden=128, layers=4, out_act=nn.Sigmoid())  -> 51,206 parameters
+    discriminator = mlp(2, 1, hidden=128, layers=4)                        -> 50,049 parameters
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(n_in: int, n_out: int, hidden: int = 128, layers: int = 4, slope: float = 0.2,
+        out_act: nn.Module | None = None, dropout: float = 0.0) -> nn.Sequential:
+    """`layers` hidden Linear layers of width `hidden`, each followed by LeakyReLU(slope) (and Dropout)."""
+    mods: list[nn.Module] = []
+    width = n_in
+    for _ in range(layers):
+        mods += [nn.Linear(width, hidden), nn.LeakyReLU(slope)]
+        if dropout > 0:
+            mods.append(nn.Dropout(dropout))
+        width = hidden
+    mods.append(nn.Linear(width, n_out))
+    if out_act is not None:
+        mods.append(out_act)
+    net = nn.Sequential(*mods)
+    kaiming_init(net, slope)
+    return net
+
+
+@torch.no_grad()
+def kaiming_init(net: nn.Module, slope: float = 0.2) -> None:
+    """Kaiming-normal weights for the leaky-ReLU gain, zero biases, on every Linear layer.
+
+    (The public code of the paper compared against a misspelled activation name, so its intended Kaiming init never
+    ran; here the init is applied unconditionally and tested.)
+    """
+    for m in net.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.kaiming_normal_(m.weight, a=slope, nonlinearity="leaky_relu")
+            nn.init.zeros_(m.bias)
+
+
+def n_params(net: nn.Module) -> int:
+    return sum(p.numel() for p in net.parameters() if p.requires_grad)

@@ -1,0 +1,281 @@
+"""Train a SAGIPS GAN on every MPI rank; generator gradients are exchanged according to --mode.
+
+    python -m sagips.run                                   # the paper's proxy 1D settings, one rank
+    mpiexec -n 4 python -m sagips.run --config configs/proxy1d-quick.yaml --mode rma-arar-arar \\
+        --set comm.inner_size=2 --output-dir runs/quick     # 4 ranks posing as 2 nodes x 2 GPUs
+    python -m sagips.run --help-config                      # every config key, its default and meaning
+
+Flow: config (validated before any work) -> MPI topology -> reference data (rank 0 loads or generates it and
+broadcasts it) -> environment + networks on the rank's device -> Trainer.fit() -> run.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+
+import sagips.comm  # noqa: F401  (sets the MPI thread level before mpi4py.MPI is imported)
+from sagips.config import MODES, ConfigError, config_to_dict, describe, load
+from sagips.io.refdata import DataError
+
+EXIT_USAGE = 2
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m sagips.run",
+        description="Train SAGIPS (a GAN inverse-problem solver) with one generator replica and one discriminator "
+                    "per MPI rank. Run it under mpiexec for several ranks.",
+        epilog="Outputs in --output-dir: run.json (resolved config, layout, versions, timings), metrics.jsonl "
+               "(losses and quality every train.log_every epochs), checkpoints/rank{R:04d}/epoch{E:07d}.pt "
+               "(generator weights with time stamps). Exit status 2 means bad input (nothing was trained).")
+    p.add_argument("--config", metavar="FILE", help="preset YAML (e.g. configs/proxy1d-quick.yaml); it only "
+                   "overrides the defaults, which are the paper's proxy 1D settings")
+    p.add_argument("--mode", choices=MODES, help="gradient exchange: ensemble (none), allreduce (synchronous "
+                   "MPI_Allreduce), arar (one ring over all ranks), arar-arar (ring per node + leaders' ring every "
+                   "comm.outer_every epochs), rma-arar-arar (the inner ring through MPI one-sided windows)")
+    p.add_argument("--epochs", type=int, metavar="N", help="training epochs (train.epochs)")
+    p.add_argument("--output-dir", metavar="DIR", help="where outputs go (output_dir)")
+    p.add_argument("--seed", type=int, metavar="S", help="base random seed (seed)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config key; VALUE is parsed as YAML, e.g. --set train.lr_g=1e-4 "
+                        "--set environment.true_params=[2,-0.5,3,1,-0.5,4]; repeatable")
+    p.add_argument("--ensemble-size", type=int, metavar="M", help="split the ranks into M independent runs "
+                   "(ensemble.members), each in output_dir/member{m:03d}/")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last "
+                   "complete state")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir (without it, "
+                   "an output directory that holds a run is refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (train.progress=false)")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit")
+    return p.parse_args(argv)
+
+
+def print_config_help() -> None:
+    from sagips.config import Config
+    from sagips.environment import available
+
+    print("Config keys (set them in a --config YAML or with --set KEY=VALUE):\n")
+    for key, default, help_ in describe(Config):
+        print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
+    for name, ep in sorted(available().items()):
+        print(f"\nenvironment.* for environment.name={name}:\n")
+        for key, default, help_ in describe(ep.load().Config, "environment."):
+            print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
+
+
+def versions() -> dict:
+    import h5py
+    import mpi4py
+    import numpy
+    import torch
+    from mpi4py import MPI
+
+    import sagips
+
+    return {"sagips": sagips.__version__, "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, "mpi4py": mpi4py.__version__, "h5py": h5py.__version__,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "cuda": torch.version.cuda}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
+    """Never overwrite another run silently."""
+    has_run = os.path.exists(os.path.join(out_dir, "run.json")) or os.path.isdir(os.path.join(out_dir, "checkpoints"))
+    if has_run and not (resume or overwrite):
+        raise ConfigError(f"output directory {out_dir} already holds a run; pass --resume to continue it, "
+                          f"--overwrite to replace it, or choose another --output-dir")
+
+
+def clear_run(out_dir: str) -> None:
+    """--overwrite: remove the previous run's outputs (only the files SAGIPS writes)."""
+    import shutil
+
+    shutil.rmtree(os.path.join(out_dir, "checkpoints"), ignore_errors=True)
+    for name in ("run.json", "metrics.jsonl"):
+        try:
+            os.unlink(os.path.join(out_dir, name))
+        except FileNotFoundError:
+            pass
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.help_config:
+        print_config_help()
+        return 0
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    try:
+        return _main(args, world)
+    except (ConfigError, DataError) as e:
+        if world.rank == 0:
+            print(f"sagips: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except Exception:
+        # One rank failing must not leave the others hanging in a collective: abort the whole job, loudly.
+        sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        if world.size > 1:
+            world.Abort(1)
+        return 1
+
+
+def _main(args: argparse.Namespace, world) -> int:
+    from mpi4py import MPI
+
+    flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
+             "ensemble.members": args.ensemble_size}
+    if args.no_progress:
+        flags["train.progress"] = False
+    cfg = load(args.config, args.set, flags)  # every rank validates the same input: same error everywhere
+
+    # ---- ensemble members: independent runs in sub-communicators of the world
+    members = cfg.ensemble.members
+    if world.size % members:
+        raise ConfigError(f"ensemble.members={members} does not divide the number of ranks ({world.size})")
+    per_member = world.size // members
+    member = world.rank // per_member
+    comm = world.Split(color=member, key=world.rank) if members > 1 else world.Dup()
+    out_dir = os.path.join(cfg.output_dir, f"member{member:03d}") if members > 1 else cfg.output_dir
+    if cfg.comm.inner_size > comm.size:
+        raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} is larger than the ranks of a run "
+                          f"({comm.size}); use at most {comm.size}, or 0 for one group per node")
+    bad = [r for r in cfg.pipeline.delay_ranks if not 0 <= r < comm.size]
+    if bad:
+        raise ConfigError(f"pipeline.delay_ranks: rank {bad[0]} does not exist in a run of {comm.size} ranks")
+    check_output_dir(out_dir, args.resume, args.overwrite)
+    if args.resume:
+        raise ConfigError("--resume is not available yet in this version")
+    world.Barrier()  # every rank has checked the output directory before anyone writes into it
+    if args.overwrite and comm.rank == 0:
+        clear_run(out_dir)
+    world.Barrier()
+
+    # ---- host-local layout: device and threads
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+    local_rank, local_size = node.rank, node.size
+    node.Free()
+    import numpy as np
+    import torch
+
+    from sagips.environment import get_environment
+    from sagips.io.distribute import broadcast_arrays
+    from sagips.io.refdata import read_reference
+    from sagips.trainer import Trainer, rank_seeds, select_device, set_threads
+
+    device = select_device(cfg.train.device, local_rank)
+    threads = set_threads(cfg.train.threads, local_size)
+    env_cls = get_environment(cfg.environment.name)
+    torch_seed, np_seed = rank_seeds(cfg.seed, member, comm.rank)
+    torch.manual_seed(torch_seed)
+
+    # ---- reference data: world rank 0 loads or generates it; every rank gets raw buffers (no pickles)
+    data_file = getattr(cfg.environment, "data_file", None)
+
+    def make():
+        if data_file:
+            return read_reference(data_file, env_cls.datasets)
+        return env_cls.generate_reference(cfg.environment, cfg.seed)
+
+    arrays, attrs = broadcast_arrays(world, make)
+    env = env_cls(cfg.environment, device, seed=torch_seed)
+    env.attach_data(arrays, attrs, np.random.default_rng(np_seed))
+    del arrays
+
+    # ---- the exchange: topology and mode
+    topo = exchange = None
+    if cfg.mode != "ensemble":
+        from sagips.comm.modes import build_exchange
+        from sagips.comm.topology import build_topology
+
+        topo = build_topology(comm, cfg.comm.inner_size or None)
+    is_root = comm.rank == 0
+    rma = cfg.mode == "rma-arar-arar"
+
+    def gather_quality(q):
+        # rma-arar-arar never synchronises ranks outside the exchange: rank 0 logs its own generator only
+        if rma or comm.size == 1:
+            return [q]
+        return comm.gather(q, root=0)
+
+    trainer = Trainer(cfg, env, comm.rank, comm.size, out_dir, exchange=None, gather_quality=gather_quality,
+                      is_root=is_root)
+    if topo is not None:
+        broadcast_module(comm, trainer.G)  # replicas start identical
+        exchange = build_exchange(cfg.mode, topo, trainer.grads.n, ring=cfg.comm.ring,
+                                  outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
+                                  timeout_s=cfg.comm.timeout_s or None)
+        trainer.exchange = exchange
+
+    run_info = {
+        "sagips_run": 1, "status": "running", "environment": cfg.environment.name, "mode": cfg.mode,
+        "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
+        "config": config_to_dict(cfg), "truth": env.truth(), "events_per_epoch": env.events_per_epoch,
+        "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
+        "exchanged_floats": trainer.grads.n if topo is not None else 0,
+        "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
+        "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
+        "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
+    }
+    if is_root:
+        write_run_json(out_dir, run_info)
+
+    t0 = time.time()
+    try:
+        state = trainer.fit(progress=True)
+    finally:
+        if exchange is not None:
+            exchange.free()
+        if topo is not None:
+            topo.free()
+    wall = time.time() - t0
+    train_s = comm.gather(state.time_s, root=0)
+    walls = comm.gather(wall, root=0)
+    stats = comm.gather(state.stats, root=0)
+    if is_root:
+        run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
+                        wall_seconds=walls, exchange_stats=stats, final_quality=trainer.last_quality)
+        write_run_json(out_dir, run_info)
+        table = env.summary_table(trainer.last_quality) if trainer.last_quality else ""
+        print(f"\nsagips: {cfg.mode} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s of "
+              f"training; outputs in {out_dir}", flush=True)
+        if table:
+            print(table, flush=True)
+    comm.Free()
+    return 0
+
+
+def broadcast_module(comm, module) -> None:
+    """Copy rank 0's parameters to every rank (as one flat float32 buffer)."""
+    import torch
+    from mpi4py import MPI
+
+    with torch.no_grad():
+        params = [p for p in module.parameters()]
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params]).contiguous()
+        comm.Bcast([flat.numpy(), MPI.FLOAT], root=0)
+        offset = 0
+        for p in params:
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def write_run_json(out_dir: str, info: dict) -> None:
+    from sagips.io.atomic import write_text
+
+    write_text(os.path.join(out_dir, "run.json"), json.dumps(info, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
