@@ -44,15 +44,23 @@ class TrainConfig:
     epochs: int = opt(100_000, "number of training epochs (one generator step each)", min=1)
     lr_g: float = opt(1e-5, "generator learning rate (Adam)", gt=0.0)
     lr_d: float = opt(1e-4, "discriminator learning rate (Adam)", gt=0.0)
+    lr_final: float = opt(1.0, "learning rates decay exponentially to this fraction of their start value at the "
+                          "last epoch (1 = constant, as in the paper)", gt=0.0, max=1.0)
     beta1: float = opt(0.5, "Adam beta1 for both networks", min=0.0, max=0.999999)
     beta2: float = opt(0.999, "Adam beta2 for both networks", min=0.0, max=0.999999)
     log_every: int = opt(100, "epochs between metrics.jsonl records (losses + quality)", min=1)
     checkpoint_every: int = opt(5000, "epochs between generator checkpoints (also at epoch 1 and at the end)", min=1)
+    state_every: int = opt(1000, "epochs between full training states (for --resume); also written on SIGTERM",
+                           min=1)
     quality_samples: int = opt(1024, "noise vectors used for the logged mean prediction", min=1)
     device: str = opt("auto", "'auto' (cuda:(local_rank % device_count) if CUDA is present, else cpu), 'cpu' or 'cuda'",
                       choices=("auto", "cpu", "cuda"))
     threads: int = opt(0, "torch intra-op threads per rank; 0 = cores on this host / ranks on this host", min=0)
     progress: bool = opt(True, "show a progress bar on rank 0")
+    amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), 'fp16' (CUDA, "
+                   "with a GradScaler), 'auto' (fp16 on CUDA, none on CPU); the pipeline always runs in float32",
+                   choices=("none", "bf16", "fp16", "auto"))
+    fused_adam: bool = opt(True, "use the fused Adam kernel where torch supports it (CUDA)")
 
 
 @dataclass
@@ -293,9 +301,11 @@ def config_to_dict(cfg: Config) -> dict:
     return {"mode": d.pop("mode"), "environment": env, **d}
 
 
-def load(config_file: str | None, sets: list[str] = (), flags: dict | None = None) -> Config:
-    """Defaults <- YAML preset <- --set overrides <- CLI flags, validated."""
-    raw: dict = load_yaml(config_file) if config_file else {}
+def load(config_file: str | None, sets: list[str] = (), flags: dict | None = None, base: dict | None = None) -> Config:
+    """Defaults <- YAML preset (or `base`, e.g. the config saved in a run.json) <- --set overrides <- CLI flags."""
+    import copy
+
+    raw: dict = load_yaml(config_file) if config_file else copy.deepcopy(base or {})
     for item in sets:
         path, value = parse_set(item)
         merge(raw, path, value)

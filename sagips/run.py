@@ -89,11 +89,54 @@ def _now() -> str:
 
 
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
-    """Never overwrite another run silently."""
+    """Never overwrite another run silently; --resume needs a run to continue."""
     has_run = os.path.exists(os.path.join(out_dir, "run.json")) or os.path.isdir(os.path.join(out_dir, "checkpoints"))
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if resume and not os.path.exists(os.path.join(out_dir, "run.json")):
+        raise ConfigError(f"--resume: {out_dir} holds no run (no run.json); start it without --resume")
     if has_run and not (resume or overwrite):
         raise ConfigError(f"output directory {out_dir} already holds a run; pass --resume to continue it, "
                           f"--overwrite to replace it, or choose another --output-dir")
+
+
+def saved_config(output_dir: str | None) -> dict:
+    """--resume without --config continues with the config saved in the run's run.json."""
+    if not output_dir:
+        raise ConfigError("--resume needs --output-dir (the directory of the run to continue)")
+    for cand in (os.path.join(output_dir, "run.json"), os.path.join(output_dir, "member000", "run.json")):
+        if os.path.exists(cand):
+            try:
+                with open(cand) as fh:
+                    cfg = json.load(fh)["config"]
+            except (OSError, json.JSONDecodeError, KeyError) as e:
+                raise ConfigError(f"--resume: cannot read the config in {cand} ({e})") from None
+            cfg.pop("output_dir", None)
+            return cfg
+    raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
+
+
+def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
+    """The previous run.json, after checking that this run can continue it."""
+    try:
+        with open(os.path.join(out_dir, "run.json")) as fh:
+            prev = json.load(fh)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--resume: cannot read {out_dir}/run.json ({e})") from None
+    if prev.get("environment") != cfg.environment.name:
+        raise ConfigError(f"--resume: {out_dir} holds a run of environment {prev.get('environment')!r}, "
+                          f"not {cfg.environment.name!r}")
+    if prev.get("world_size") != world_size:
+        raise ConfigError(f"--resume: the run in {out_dir} had {prev.get('world_size')} ranks; "
+                          f"resume it with the same number (mpiexec -n {prev.get('world_size')})")
+    if prev.get("mode") != cfg.mode:
+        raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; pass --mode {prev.get('mode')}")
+    from sagips.io.state import resume_epoch
+
+    if resume_epoch(out_dir, world_size) is None:
+        raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
+                          f"incomplete); start it again with --overwrite")
+    return prev
 
 
 def clear_run(out_dir: str) -> None:
@@ -101,6 +144,7 @@ def clear_run(out_dir: str) -> None:
     import shutil
 
     shutil.rmtree(os.path.join(out_dir, "checkpoints"), ignore_errors=True)
+    shutil.rmtree(os.path.join(out_dir, "state"), ignore_errors=True)
     for name in ("run.json", "metrics.jsonl"):
         try:
             os.unlink(os.path.join(out_dir, name))
@@ -138,7 +182,8 @@ def _main(args: argparse.Namespace, world) -> int:
              "ensemble.members": args.ensemble_size}
     if args.no_progress:
         flags["train.progress"] = False
-    cfg = load(args.config, args.set, flags)  # every rank validates the same input: same error everywhere
+    base = saved_config(args.output_dir) if (args.resume and not args.config) else None
+    cfg = load(args.config, args.set, flags, base=base)  # every rank validates the same input: same error everywhere
 
     # ---- ensemble members: independent runs in sub-communicators of the world
     members = cfg.ensemble.members
@@ -155,8 +200,7 @@ def _main(args: argparse.Namespace, world) -> int:
     if bad:
         raise ConfigError(f"pipeline.delay_ranks: rank {bad[0]} does not exist in a run of {comm.size} ranks")
     check_output_dir(out_dir, args.resume, args.overwrite)
-    if args.resume:
-        raise ConfigError("--resume is not available yet in this version")
+    prev_run = check_resumable(out_dir, cfg, comm.size) if args.resume else None
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
@@ -228,17 +272,44 @@ def _main(args: argparse.Namespace, world) -> int:
         "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
         "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
     }
+    if prev_run is not None:
+        from sagips.io.state import load_state, resume_epoch
+
+        epoch0 = comm.bcast(resume_epoch(out_dir, comm.size) if is_root else None, root=0)
+        trainer.load_state_dict(load_state(out_dir, comm.rank, epoch0))
+        if is_root:
+            truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
+        run_info["start_time"] = prev_run.get("start_time", run_info["start_time"])
+        run_info["resumes"] = prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
+    marker = StateMarker(comm, out_dir)
+    trainer.on_state_saved = marker.saved
     if is_root:
         write_run_json(out_dir, run_info)
 
+    import signal
+
+    from sagips.trainer import StopRequested
+
+    def request_stop(signum, frame):  # PBS sends SIGTERM before it kills: finish the epoch, save, stop
+        trainer.stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGUSR1, request_stop)
     t0 = time.time()
+    stopped = None
     try:
         state = trainer.fit(progress=True)
+    except StopRequested as e:
+        stopped, state = e, trainer.state
     finally:
         if exchange is not None:
             exchange.free()
         if topo is not None:
             topo.free()
+    if stopped is not None:
+        print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
+        return 143
+    marker.finish(state.epoch)
     wall = time.time() - t0
     train_s = comm.gather(state.time_s, root=0)
     walls = comm.gather(wall, root=0)
@@ -254,6 +325,77 @@ def _main(args: argparse.Namespace, world) -> int:
             print(table, flush=True)
     comm.Free()
     return 0
+
+
+def truncate_metrics(path: str, epoch: int) -> None:
+    """Drop metrics records after the resumed epoch (they will be written again), atomically."""
+    from sagips.io.atomic import write_text
+
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                if json.loads(line)["epoch"] <= epoch:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except (json.JSONDecodeError, KeyError):
+                break  # a torn last line
+    write_text(path, "".join(keep))
+
+
+class StateMarker:
+    """Writes state/latest.json once every rank has reported its state for an epoch, without synchronising ranks.
+
+    Non-root ranks send a small nonblocking message after each state save; rank 0 drains them whenever it saves,
+    and writes the marker for the newest epoch that all ranks have reported. A rank-0 state that is ahead of the
+    others therefore gets its marker at rank 0's next save, or at the end of the run.
+    """
+
+    TAG = 7301
+
+    def __init__(self, comm, out_dir: str):
+        self.comm, self.out_dir = comm, out_dir
+        self.reports: dict[int, set[int]] = {}
+        self.pending = []
+        self.latest = 0  #: newest epoch written to the marker
+
+    def saved(self, epoch: int) -> None:
+        if self.comm.rank != 0:
+            self.pending = [r for r in self.pending if not r.Test()]
+            self.pending.append(self.comm.isend(epoch, dest=0, tag=self.TAG))
+            return
+        self.reports.setdefault(epoch, set()).add(0)
+        self._drain(block=False)
+
+    def _drain(self, block: bool, until_epoch: int | None = None) -> None:
+        from mpi4py import MPI
+
+        from sagips.io.state import write_latest
+
+        status = MPI.Status()
+        while True:
+            while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=self.TAG, status=status):
+                epoch = self.comm.recv(source=status.Get_source(), tag=self.TAG)
+                self.reports.setdefault(epoch, set()).add(status.Get_source())
+            done = [e for e, ranks in self.reports.items() if len(ranks) == self.comm.size]
+            if done:
+                self.latest = max(done)
+                write_latest(self.out_dir, self.latest, self.comm.size)
+                for e in [e for e in self.reports if e <= self.latest]:
+                    del self.reports[e]
+            if not block or until_epoch is None or self.latest >= until_epoch:
+                return
+            time.sleep(1e-3)
+
+    def finish(self, final_epoch: int) -> None:
+        """At the end of the run: every rank saved its final state; rank 0 waits for all reports."""
+        from mpi4py import MPI
+
+        if self.comm.rank == 0:
+            self._drain(block=True, until_epoch=final_epoch)
+        else:
+            MPI.Request.Waitall(self.pending)
 
 
 def broadcast_module(comm, module) -> None:

@@ -42,10 +42,29 @@ def set_threads(requested: int, local_size: int) -> int:
     return requested
 
 
+def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for train.amp on this device (None = full float32)."""
+    if mode == "auto":
+        return torch.float16 if device.type == "cuda" else None
+    if mode == "fp16":
+        if device.type != "cuda":
+            raise RuntimeError("train.amp=fp16 needs CUDA; use train.amp=bf16 on CPU")
+        return torch.float16
+    return torch.bfloat16 if mode == "bf16" else None
+
+
 def rank_seeds(seed: int, member: int, rank: int) -> tuple[int, int]:
     """Independent (torch, numpy) seeds for one rank of one ensemble member."""
     s = np.random.SeedSequence([seed, member, rank]).generate_state(2, dtype=np.uint32)
     return int(s[0]), int(s[1])
+
+
+class StopRequested(Exception):
+    """Raised after the state was saved because a stop signal (e.g. SIGTERM) arrived."""
+
+    def __init__(self, epoch: int):
+        super().__init__(f"stopped by a signal after epoch {epoch}; the state is saved, continue with --resume")
+        self.epoch = epoch
 
 
 @dataclass
@@ -67,38 +86,95 @@ class Trainer:
         t = cfg.train
         self.G = env.build_generator()
         self.D = env.build_discriminator()
-        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=(t.beta1, t.beta2))
-        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=(t.beta1, t.beta2))
+        fused = bool(t.fused_adam and env.device.type == "cuda")
+        self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=(t.beta1, t.beta2), fused=fused or None)
+        self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=(t.beta1, t.beta2), fused=fused or None)
+        self.amp_dtype = amp_dtype(t.amp, env.device)
+        # fp16 needs loss scaling; bf16 has float32's exponent range and does not
+        scaling = self.amp_dtype == torch.float16
+        self.scaler_d = torch.amp.GradScaler(env.device.type, enabled=scaling)
+        self.scaler_g = torch.amp.GradScaler(env.device.type, enabled=scaling)
         self.grads = GradBuffer(self.G, exchange_bias=cfg.comm.exchange_bias)
         self.state = TrainState()
         self.delay_s = cfg.pipeline.delay_s if rank in cfg.pipeline.delay_ranks else 0.0
         self.metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")) if is_root else None
         self.last_quality: dict[str, Any] | None = None
+        self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
+        self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
+
+    # ------------------------------------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue bit-identically: networks, optimizers, scalers, RNGs, data subset."""
+        st = self.state
+        return {
+            "epoch": st.epoch, "time_s": st.time_s, "stats": dict(st.stats), "rank": self.rank,
+            "environment": self.env.name,
+            "generator": self.G.state_dict(), "discriminator": self.D.state_dict(),
+            "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
+            "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
+            "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
+            "subset_idx": torch.as_tensor(getattr(self.env, "subset_idx", np.zeros(0, dtype=np.int64))),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if sd.get("environment") != self.env.name:
+            from sagips.config import ConfigError
+
+            raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
+                              f"this run is {self.env.name!r}")
+        self.G.load_state_dict(sd["generator"])
+        self.D.load_state_dict(sd["discriminator"])
+        self.opt_g.load_state_dict(sd["opt_g"])
+        self.opt_d.load_state_dict(sd["opt_d"])
+        self.scaler_g.load_state_dict(sd["scaler_g"])
+        self.scaler_d.load_state_dict(sd["scaler_d"])
+        self.env.gen.set_state(sd["rng_env"])
+        torch.set_rng_state(sd["rng_torch"])
+        saved_idx = sd["subset_idx"].numpy()
+        if saved_idx.size and not np.array_equal(saved_idx, getattr(self.env, "subset_idx", saved_idx)):
+            self.env.select_subset(saved_idx)
+        self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
+
+    def save_state(self) -> None:
+        from sagips.io.state import save_state
+
+        save_state(self.out_dir, self.rank, self.state.epoch, self.state_dict(), keep=2)
+        if self.on_state_saved is not None:
+            self.on_state_saved(self.state.epoch)
 
     # ------------------------------------------------------------------------------------------------ one epoch
+    def _autocast(self):
+        return torch.autocast(self.env.device.type, dtype=self.amp_dtype or torch.float32,
+                              enabled=self.amp_dtype is not None)
+
     def step(self, epoch: int) -> dict[str, float]:
         env, G, D = self.env, self.G, self.D
         for _ in range(env.n_critic):
             real = env.real_batch()
             with torch.no_grad():
                 fake = env.synthesize(G, real)
-            loss_d = env.d_loss(D, real, fake)
+            with self._autocast():
+                loss_d = env.d_loss(D, real, fake)
             self.opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            self.opt_d.step()
+            self.scaler_d.scale(loss_d).backward()
+            self.scaler_d.step(self.opt_d)
+            self.scaler_d.update()
         real = env.real_batch()
-        fake = env.synthesize(G, real)
+        fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
         if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
             time.sleep(self.delay_s)
-        loss_g, extras = env.g_loss(D, real, fake)
+        with self._autocast():
+            loss_g, extras = env.g_loss(D, real, fake)
         self.grads.zero_()
-        loss_g.backward()
+        self.scaler_g.scale(loss_g).backward()
+        self.scaler_g.unscale_(self.opt_g)  # exchange true gradients: every rank has its own loss scale
         stats = {}
         if self.exchange is not None:
             buf = self.grads.offload()
             stats = self.exchange(buf, epoch) or {}
             self.grads.load_back()
-        self.opt_g.step()
+        self.scaler_g.step(self.opt_g)
+        self.scaler_g.update()
         return {"loss_d": loss_d, "loss_g": loss_g, **extras, **stats}
 
     # ------------------------------------------------------------------------------------------------ the run
@@ -108,6 +184,8 @@ class Trainer:
         try:
             while st.epoch < t.epochs:
                 epoch = st.epoch + 1
+                if t.lr_final != 1.0:
+                    self._set_lr(epoch)
                 t0 = time.perf_counter()
                 out = self.step(epoch)
                 st.time_s += time.perf_counter() - t0
@@ -119,14 +197,26 @@ class Trainer:
                     save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G, self.env.name)
                 if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
                     self._log(epoch, out, bar)
+                if epoch % t.state_every == 0 or epoch == t.epochs or self.stop_requested:
+                    self.save_state()
                 if bar is not None:
                     bar.update(1)
+                if self.stop_requested and epoch < t.epochs:
+                    raise StopRequested(epoch)
         finally:
             if bar is not None:
                 bar.close()
             if self.metrics is not None:
                 self.metrics.close()
         return st
+
+    def _set_lr(self, epoch: int) -> None:
+        """lr(e) = lr0 * lr_final ** ((e - 1) / (epochs - 1)): a pure function of the epoch (resumable)."""
+        t = self.cfg.train
+        f = t.lr_final ** ((epoch - 1) / max(1, t.epochs - 1))
+        for opt, lr0 in ((self.opt_g, t.lr_g), (self.opt_d, t.lr_d)):
+            for group in opt.param_groups:
+                group["lr"] = lr0 * f
 
     def _log(self, epoch: int, out: dict[str, Any], bar) -> None:
         q = self.env.quality(self.G, self.cfg.train.quality_samples)

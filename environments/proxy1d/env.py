@@ -42,6 +42,7 @@ class Proxy1DConfig:
     loss: str = opt("bce", "adversarial loss: 'bce' (non-saturating GAN) or 'mse' (least squares)",
                     choices=("bce", "mse"))
     norm_weight: float = opt(1.0, "weight of the norm loss in the generator loss", min=0.0)
+    d_steps: int = opt(1, "discriminator steps per generator step", min=1)
 
     def validate(self) -> None:
         for key in ("true_params", "param_min", "param_max"):
@@ -65,6 +66,7 @@ class Proxy1D(Environment):
 
     def __init__(self, cfg: Proxy1DConfig, device: torch.device | str = "cpu", seed: int = 0):
         super().__init__(cfg, device, seed)
+        self.n_critic = cfg.d_steps
         dev = self.device
         self.x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, device=dev)
         self.pmin = torch.tensor(cfg.param_min, device=dev)
@@ -97,14 +99,18 @@ class Proxy1D(Environment):
         return {"events": out}, attrs
 
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
-        events = arrays["events"]
-        n_keep = max(1, int(round(self.cfg.subset_fraction * len(events))))
-        self.subset_idx = np.sort(rng.choice(len(events), size=n_keep, replace=False))
-        self.data = torch.as_tensor(events[self.subset_idx], device=self.device)
+        self._events = arrays["events"]
+        n_keep = max(1, int(round(self.cfg.subset_fraction * len(self._events))))
+        self.select_subset(np.sort(rng.choice(len(self._events), size=n_keep, replace=False)))
         if "norms" in attrs:
             self.ref_norms = torch.as_tensor(np.asarray(attrs["norms"], dtype=np.float32), device=self.device)
         else:  # a data file without norms: use the theory's norms at the configured truth
             self.ref_norms = theory.norms_and_cdf(self.true[None], self.x)[0][0]
+
+    def select_subset(self, idx: np.ndarray) -> None:
+        """Keep the reference events `idx` (this rank's share) on the device."""
+        self.subset_idx = np.asarray(idx, dtype=np.int64)
+        self.data = torch.as_tensor(self._events[self.subset_idx], device=self.device)
 
     # -- networks ------------------------------------------------------------------------------------------------
     def build_generator(self) -> torch.nn.Module:
@@ -155,8 +161,14 @@ class Proxy1D(Environment):
 
     @torch.no_grad()
     def predict(self, G: torch.nn.Module, n: int) -> torch.Tensor:
-        """Mean physical prediction over n noise vectors (shape (6,))."""
-        return self.params(G, n).mean(0)
+        """Mean physical prediction over n noise vectors (shape (6,)).
+
+        The noise comes from its own fixed-seed stream: logging never perturbs the training's random stream
+        (a resumed run stays bit-identical), and every evaluation uses the same noise (smooth curves).
+        """
+        gen = torch.Generator(device=self.device).manual_seed(20240601)
+        z = torch.randn((n, self.cfg.noise_dim), generator=gen, device=self.device)
+        return theory.to_physical(G(z), self.pmin, self.pmax).mean(0)
 
     @torch.no_grad()
     def quality(self, G: torch.nn.Module, n: int = 1024) -> dict[str, Any]:

@@ -23,15 +23,17 @@ def _clean(v: Any) -> Any:
 class MetricsWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = None  # opened on the first record (after a resume has truncated the file)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._fh is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
         self._fh.write(json.dumps(_clean(record), separators=(",", ":")) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
-        if not self._fh.closed:
+        if self._fh is not None and not self._fh.closed:
             os.fsync(self._fh.fileno())
             self._fh.close()
 

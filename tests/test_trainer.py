@@ -1,0 +1,86 @@
+"""The per-rank epoch loop: one exchange hook after the generator backward; AMP paths on CPU; device choice."""
+import numpy as np
+import pytest
+import torch
+
+from sagips.config import load
+from sagips.trainer import Trainer, amp_dtype, select_device
+from sagips_environments.proxy1d import Proxy1D
+
+SMALL = ["environment.param_samples=8", "environment.events_per_sample=16", "train.progress=false",
+         "train.quality_samples=16"]
+
+
+def make_trainer(tmp_path, sets=(), exchange=None):
+    cfg = load(None, SMALL + list(sets))
+    arrays, attrs = Proxy1D.generate_reference(cfg.environment, 0, n_events=2000)
+    env = Proxy1D(cfg.environment, "cpu", seed=1)
+    env.attach_data(arrays, attrs, np.random.default_rng(0))
+    return Trainer(cfg, env, 0, 1, str(tmp_path), exchange=exchange, is_root=False)
+
+
+def test_exchange_hook_sees_the_generator_weight_gradients_and_its_result_is_used(tmp_path):
+    seen = {}
+
+    def exchange(buf, epoch):
+        seen["n"], seen["epoch"], seen["norm"] = buf.size, epoch, float(np.abs(buf).sum())
+        buf[:] = 0.0  # an exchange that returns zero gradients: the weights must not move
+        return {"calls": 1}
+
+    tr = make_trainer(tmp_path, exchange=exchange)
+    w_before = [p.detach().clone() for p in tr.G.parameters() if p.ndim > 1]
+    out = tr.step(1)
+    assert seen["n"] == 50_688 and seen["epoch"] == 1 and seen["norm"] > 0 and out["calls"] == 1
+    w_after = [p.detach() for p in tr.G.parameters() if p.ndim > 1]
+    assert all(torch.equal(a, b) for a, b in zip(w_before, w_after))  # Adam with zero grads: no step
+
+
+def test_training_without_exchange_moves_the_generator(tmp_path):
+    tr = make_trainer(tmp_path)
+    w = tr.G[0].weight.detach().clone()
+    out = tr.step(1)
+    assert np.isfinite(float(out["loss_g"])) and not torch.equal(w, tr.G[0].weight)
+
+
+def test_bf16_autocast_on_cpu(tmp_path):
+    tr = make_trainer(tmp_path, ["train.amp=bf16"])
+    dtypes = []
+    tr.D[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    out = tr.step(1)
+    assert torch.bfloat16 in dtypes
+    assert np.isfinite(float(out["loss_d"])) and np.isfinite(float(out["loss_g"]))
+    assert all(p.dtype == torch.float32 for p in tr.G.parameters())  # master weights stay float32
+
+
+def test_amp_choices():
+    cpu = torch.device("cpu")
+    assert amp_dtype("none", cpu) is None and amp_dtype("auto", cpu) is None
+    assert amp_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(RuntimeError, match="fp16 needs CUDA"):
+        amp_dtype("fp16", cpu)
+
+
+def test_device_choice():
+    assert select_device("cpu", 3) == torch.device("cpu")
+    if torch.cuda.is_available():
+        assert select_device("auto", 5) == torch.device("cuda", 5 % torch.cuda.device_count())
+    else:
+        assert select_device("auto", 5) == torch.device("cpu")
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            select_device("cuda", 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: pinned-memory offload and fp16 GradScaler")
+def test_cuda_offload_is_pinned_and_round_trips(tmp_path):  # pragma: no cover - runs on GPU machines only
+    from sagips.comm.buffer import GradBuffer
+
+    G = torch.nn.Linear(4, 3).cuda()
+    buf = GradBuffer(G, exchange_bias=True)
+    assert buf.host.is_pinned()
+    G(torch.randn(2, 4, device="cuda")).sum().backward()
+    arr = buf.offload()
+    np.testing.assert_allclose(arr[:12], G.weight.grad.cpu().numpy().ravel())
+    arr[:] = 1.0
+    buf.load_back()
+    torch.cuda.synchronize()
+    assert torch.all(G.weight.grad == 1.0)
