@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 # The main job on the embedded default: 4 ranks posing as 2 nodes x 2 GPUs, mode rma-arar-arar, the quick preset.
 run: setup
 	timeout 3600 $(MPIEXEC) -n $(NP) $(PY) -m sagips.run --config configs/proxy1d-quick.yaml \
-	  --mode ensemble --output-dir $(OUT) --overwrite
+	  --mode rma-arar-arar --set comm.inner_size=2 --output-dir $(OUT) --overwrite
 
 test: setup
 	$(PY) tests/run_all.py

@@ -26,8 +26,8 @@ from scipy import optimize
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sagips.config import load  # noqa: E402
-from sagips_environments.proxy1d import Proxy1D, theory  # noqa: E402
+from sagips.config import load
+from sagips_environments.proxy1d import Proxy1D, theory
 
 
 def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
@@ -69,7 +69,7 @@ def floor(cfg, seed: int, n_sets: int) -> dict:
         fits.append(ml_fit(a["events"], at["norms"], cfg, truth * 1.05))
     r = (truth - np.array(fits)) / truth
     r_same = (truth - same) / truth
-    return {"events": int(len(arrays["events"])), "r_same_data": r_same.tolist(),
+    return {"events": len(arrays["events"]), "r_same_data": r_same.tolist(),
             "max_abs_r_same_data": float(np.abs(r_same).max()), "n_sets": n_sets,
             "r_spread": r.std(axis=0).tolist(), "r_mean": r.mean(axis=0).tolist(),
             "max_abs_r_typical": float(np.median(np.abs(r).max(axis=1)))}
@@ -161,6 +161,7 @@ def write_md(res: dict, path: Path) -> None:
     rows = "\n".join(f"| r̂{i} | {run['final_residuals'][i]:+.4f} | {fl['r_same_data'][i]:+.4f} | "
                      f"{fl['r_spread'][i]:.4f} |" for i in range(6))
     best = res["best_max_abs_r_within_budget"]
+    best_s = f"{best:.4f}" if best is not None else "n/a"
     path.write_text(f"""# Loop closure: the quick preset against the statistical floor
 
 Command: `python benchmarks/loop_closure.py --ranks {run['ranks']} --mode {run['mode']}` which runs
@@ -174,7 +175,7 @@ likelihood (scipy SLSQP, binned likelihood on the sampler's grid, the two norms 
 |---|---|
 | training time per rank | {run['train_s']:.0f} s ({run['epochs']} epochs), wall {run['wall_s']:.0f} s |
 | final max_i \\|r̂_i\\| (mean prediction over the {run['ranks']} ranks' generators) | **{res['final_max_abs_r']:.4f}** |
-| best max_i \\|r̂_i\\| within {res['budget_s'] / 60:.0f} min of training | {('%.4f' % best) if best is not None else 'n/a'} |
+| best max_i \\|r̂_i\\| within {res['budget_s'] / 60:.0f} min of training | {best_s} |
 | target | ≤ {res['target_max_abs_r']} within {res['budget_s'] / 60:.0f} min |
 | ML fit on the same {fl['events']:,} events: max \\|r̂\\| | {fl['max_abs_r_same_data']:.4f} |
 | ML fit, typical max \\|r̂\\| over {fl['n_sets']} independent data sets | {fl['max_abs_r_typical']:.4f} |

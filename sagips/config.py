@@ -52,6 +52,7 @@ class TrainConfig:
     checkpoint_every: int = opt(5000, "epochs between generator checkpoints (also at epoch 1 and at the end)", min=1)
     state_every: int = opt(1000, "epochs between full training states (for --resume); also written on SIGTERM",
                            min=1)
+    max_bad_steps: int = opt(10, "stop after this many generator steps in a row with NaN/Inf gradients", min=1)
     quality_samples: int = opt(1024, "noise vectors used for the logged mean prediction", min=1)
     device: str = opt("auto", "'auto' (cuda:(local_rank % device_count) if CUDA is present, else cpu), 'cpu' or 'cuda'",
                       choices=("auto", "cpu", "cuda"))

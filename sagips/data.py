@@ -1,6 +1,7 @@
 """Write reference data for an environment (HDF5).
 
-    python -m sagips.data proxy1d --events 1000000 --out data/proxy1d.h5 [--true-params 2.1875 -0.5 3 1.09375 -0.5 4] [--seed S]
+    python -m sagips.data proxy1d --events 1000000 --out data/proxy1d.h5 \
+        [--true-params 2.1875 -0.5 3 1.09375 -0.5 4] [--seed S]
 
 proxy1d writes dataset `events` (N x 2, float32) with attributes `true_params` and `norms`.
 """

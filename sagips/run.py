@@ -130,7 +130,8 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
         raise ConfigError(f"--resume: the run in {out_dir} had {prev.get('world_size')} ranks; "
                           f"resume it with the same number (mpiexec -n {prev.get('world_size')})")
     if prev.get("mode") != cfg.mode:
-        raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; pass --mode {prev.get('mode')}")
+        raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; "
+                          f"pass --mode {prev.get('mode')}")
     from sagips.io.state import resume_epoch
 
     if resume_epoch(out_dir, world_size) is None:
@@ -270,6 +271,9 @@ def _main(args: argparse.Namespace, world) -> int:
         "exchanged_floats": trainer.grads.n if topo is not None else 0,
         "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
         "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
+        # rank -> host/pid: mpiexec names a dead process by its PID; this maps it back to the rank
+        "processes": [{"rank": r, "host": h, "pid": pid} for r, (h, pid) in
+                      enumerate(comm.allgather((socket.gethostname(), os.getpid())))],
         "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
     }
     if prev_run is not None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,6 +60,10 @@ def rank_seeds(seed: int, member: int, rank: int) -> tuple[int, int]:
     return int(s[0]), int(s[1])
 
 
+class NonFiniteError(RuntimeError):
+    """Too many generator steps in a row had non-finite gradients."""
+
+
 class StopRequested(Exception):
     """Raised after the state was saved because a stop signal (e.g. SIGTERM) arrived."""
 
@@ -99,6 +104,7 @@ class Trainer:
         self.delay_s = cfg.pipeline.delay_s if rank in cfg.pipeline.delay_ranks else 0.0
         self.metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")) if is_root else None
         self.last_quality: dict[str, Any] | None = None
+        self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
 
@@ -149,6 +155,7 @@ class Trainer:
 
     def step(self, epoch: int) -> dict[str, float]:
         env, G, D = self.env, self.G, self.D
+        bad_d = 0
         for _ in range(env.n_critic):
             real = env.real_batch()
             with torch.no_grad():
@@ -156,6 +163,9 @@ class Trainer:
             with self._autocast():
                 loss_d = env.d_loss(D, real, fake)
             self.opt_d.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss_d):  # never let a non-finite loss reach the discriminator's weights
+                bad_d += 1
+                continue
             self.scaler_d.scale(loss_d).backward()
             self.scaler_d.step(self.opt_d)
             self.scaler_d.update()
@@ -168,13 +178,25 @@ class Trainer:
         self.grads.zero_()
         self.scaler_g.scale(loss_g).backward()
         self.scaler_g.unscale_(self.opt_g)  # exchange true gradients: every rank has its own loss scale
-        stats = {}
+        # A NaN/Inf gradient must not poison the other ranks through the exchange: this rank then contributes
+        # zeros with weight 0 (dropped from the mean) and still takes part, so that nobody waits for it.
+        finite = self.grads.is_finite()
+        if not finite:
+            self.grads.zero_()
+        self.bad_steps = 0 if finite else self.bad_steps + 1
+        stats = {"bad_grad": int(not finite), "bad_loss_d": bad_d}
         if self.exchange is not None:
             buf = self.grads.offload()
-            stats = self.exchange(buf, epoch) or {}
+            stats.update(self.exchange(buf, epoch, weight=1.0 if finite else 0.0) or {})
             self.grads.load_back()
-        self.scaler_g.step(self.opt_g)
+        if finite or self.exchange is not None:
+            # with an exchange, the mean of the others' gradients is applied (replicas stay identical)
+            self.scaler_g.step(self.opt_g)
         self.scaler_g.update()
+        if self.bad_steps >= self.cfg.train.max_bad_steps:
+            raise NonFiniteError(f"rank {self.rank}: {self.bad_steps} generator steps in a row had NaN/Inf "
+                                 f"gradients (epoch {epoch}, train.max_bad_steps={self.cfg.train.max_bad_steps}); "
+                                 f"lower the learning rates or check the pipeline and data")
         return {"loss_d": loss_d, "loss_g": loss_g, **extras, **stats}
 
     # ------------------------------------------------------------------------------------------------ the run

@@ -73,7 +73,8 @@ def test_build_config_rejects_non_mapping_environment():
 
 
 @pytest.mark.parametrize("argv", [["--set", "train.nope=1"], ["--set", "comm.outer_every=0"],
-                                  ["--config", "/nonexistent.yaml"], ["--set", "environment.data_file=/nonexistent.h5"]])
+                                  ["--config", "/nonexistent.yaml"],
+                                  ["--set", "environment.data_file=/nonexistent.h5"]])
 def test_cli_exits_2_before_work(argv, tmp_path, capsys):
     assert main(argv + ["--output-dir", str(tmp_path / "o"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

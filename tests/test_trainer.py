@@ -22,8 +22,9 @@ def make_trainer(tmp_path, sets=(), exchange=None):
 def test_exchange_hook_sees_the_generator_weight_gradients_and_its_result_is_used(tmp_path):
     seen = {}
 
-    def exchange(buf, epoch):
+    def exchange(buf, epoch, weight=1.0):
         seen["n"], seen["epoch"], seen["norm"] = buf.size, epoch, float(np.abs(buf).sum())
+        assert weight == 1.0
         buf[:] = 0.0  # an exchange that returns zero gradients: the weights must not move
         return {"calls": 1}
 
@@ -33,6 +34,30 @@ def test_exchange_hook_sees_the_generator_weight_gradients_and_its_result_is_use
     assert seen["n"] == 50_688 and seen["epoch"] == 1 and seen["norm"] > 0 and out["calls"] == 1
     w_after = [p.detach() for p in tr.G.parameters() if p.ndim > 1]
     assert all(torch.equal(a, b) for a, b in zip(w_before, w_after))  # Adam with zero grads: no step
+
+
+def test_non_finite_gradient_is_dropped_then_stops(tmp_path):
+    from sagips.trainer import NonFiniteError
+
+    calls = []
+
+    def exchange(buf, epoch, weight=1.0):
+        calls.append((weight, bool(np.isfinite(buf).all()), float(np.abs(buf).sum())))
+        buf[:] = 1e-3  # "the others' mean"
+        return {}
+
+    tr = make_trainer(tmp_path, ["train.max_bad_steps=3"], exchange=exchange)
+    tr.step(1)
+    assert calls[-1][0] == 1.0
+    with torch.no_grad():
+        tr.G[2].weight[0, 0] = float("nan")  # poisons this rank's generator gradient
+    tr.step(2)
+    weight, finite, norm = calls[-1]
+    assert weight == 0.0 and finite and norm == 0.0  # dropped: zeros with weight 0, never NaN on the wire
+    assert tr.bad_steps == 1
+    tr.step(3)
+    with pytest.raises(NonFiniteError, match="3 generator steps in a row"):
+        tr.step(4)
 
 
 def test_training_without_exchange_moves_the_generator(tmp_path):

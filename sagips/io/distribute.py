@@ -6,7 +6,8 @@ buffers, never as pickles.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,8 @@ def broadcast_arrays(comm, make: Callable[[], tuple[dict[str, np.ndarray], dict[
     comm.Bcast([raw, MPI.BYTE], root=root)
     header = json.loads(raw.tobytes().decode())
     if not header["ok"]:
-        from sagips.io.refdata import DataError
         from sagips.config import ConfigError
+        from sagips.io.refdata import DataError
         cls = {"DataError": DataError, "ConfigError": ConfigError}.get(header["type"], RuntimeError)
         raise cls(header["error"])
     for name, shape in header["arrays"].items():

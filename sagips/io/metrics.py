@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def _clean(v: Any) -> Any:

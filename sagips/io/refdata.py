@@ -21,12 +21,11 @@ class DataError(ValueError):
 
 def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
     """Write atomically (temporary file + fsync + rename)."""
-    with atomic_open(path, "wb") as fh:
-        with h5py.File(fh, "w") as f:
-            for name, arr in arrays.items():
-                f.create_dataset(name, data=np.ascontiguousarray(arr, dtype=np.float32))
-            for k, v in attrs.items():
-                f.attrs[k] = v
+    with atomic_open(path, "wb") as fh, h5py.File(fh, "w") as f:
+        for name, arr in arrays.items():
+            f.create_dataset(name, data=np.ascontiguousarray(arr, dtype=np.float32))
+        for k, v in attrs.items():
+            f.attrs[k] = v
 
 
 def read_reference(path: str | os.PathLike, datasets: dict[str, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -1,0 +1,115 @@
+"""Every wait of the comm layer goes through `wait_all`: a silent hang becomes a loud, attributed abort.
+
+Horovod's most common complaint is the silent hang. Here, a rank that waits longer than `comm.timeout_s` for a
+peer writes one line to stderr naming itself, the exchange, the epoch and the peer it waits for, then aborts the
+whole job (MPI_Abort), so the batch scheduler sees a failure instead of a job that burns its allocation.
+
+Ranks in messages are ranks of MPI.COMM_WORLD (what mpiexec prints and what a user can find in the logs), even when
+the wait happens on a sub-communicator.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+# Polling policy (measured in docs/modes.md). MPICH's own Waitall busy-polls, which on an oversubscribed node (more
+# ranks than cores) steals the core from the very peer we are waiting for; but a sleep costs ~60-100 us on Linux
+# (timer slack + wake-up), several times a whole 200 KiB ring hop (~30 us on this machine). So we wait in three
+# phases: spin on Testall (a hop whose peer is ready finishes here), then Testall + sched_yield (costs ~1 us when
+# the core is ours, hands it to the peer when the node is oversubscribed), then sleep with exponential back-off, so
+# that waiting for a straggler for seconds or minutes costs ~no CPU and wakes at most _MAX_SLEEP_S late.
+_SPIN_S = 20e-6
+_YIELD_S = 2e-3
+_MIN_SLEEP_S = 50e-6
+_MAX_SLEEP_S = 1e-3
+
+ABORT_CODE = 3
+
+
+def world_ranks(comm: MPI.Comm, ranks: Sequence[int]) -> list[int]:
+    """Translate ranks of `comm` into ranks of MPI.COMM_WORLD (for messages)."""
+    if not ranks:
+        return []
+    try:
+        out = MPI.Group.Translate_ranks(comm.Get_group(), list(ranks), MPI.COMM_WORLD.Get_group())
+        return [int(r) for r in out]
+    except MPI.Exception:  # pragma: no cover - e.g. an intercommunicator: fall back to local ranks
+        return list(ranks)
+
+
+def wait_all(requests: list[MPI.Request], timeout_s: float | None, what: str, comm: MPI.Comm, epoch: int,
+             peers: Sequence[int]) -> None:
+    """Wait for all `requests`; abort the job if that takes longer than `timeout_s` seconds.
+
+    `peers` are ranks of `comm`: either one per request (peers[i] is the other side of requests[i], so that only the
+    peers still missing are named) or simply the ranks involved. `timeout_s` None or <= 0 waits forever.
+    """
+    if not requests:
+        return
+    if timeout_s is None or timeout_s <= 0:
+        MPI.Request.Waitall(requests)
+        return
+    testall, clock = MPI.Request.Testall, time.perf_counter
+    if testall(requests):
+        return
+    start = clock()
+    sleep_s = _MIN_SLEEP_S
+    while not testall(requests):
+        waited = clock() - start
+        if waited < _SPIN_S:
+            continue
+        if waited < _YIELD_S:
+            os.sched_yield()
+            continue
+        if waited >= timeout_s:
+            _abort(requests, timeout_s, waited, what, comm, epoch, peers)
+        time.sleep(sleep_s)
+        sleep_s = min(2.0 * sleep_s, _MAX_SLEEP_S)
+
+
+def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers) -> None:
+    peers = list(peers)
+    if len(peers) == len(requests):
+        # Name only the peers whose requests are still pending. Test() frees completed requests: harmless, we abort.
+        missing = [p for req, p in zip(requests, peers) if not req.Test()]
+        peers = sorted(set(missing)) or sorted(set(peers))
+    else:
+        peers = sorted(set(peers))
+    me = MPI.COMM_WORLD.Get_rank()
+    named = world_ranks(comm, peers)
+    if not named:
+        who = "the other ranks"
+    elif len(named) == 1:
+        who = f"rank {named[0]}"
+    else:  # a barrier over 400 ranks must not print 399 numbers
+        who = "ranks " + ", ".join(map(str, named[:8])) + (f", ... ({len(named)} in all)" if len(named) > 8 else "")
+    sys.stderr.write(f"sagips: rank {me} waited {waited_s:.1f} s in {what} (epoch {epoch}) for {who}; "
+                     f"aborting the job (comm.timeout_s={timeout_s:g})\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(ABORT_CODE)
+
+
+# Blocking collectives done as nonblocking + wait_all, so that they are covered by the watchdog too.
+
+def bcast(comm: MPI.Comm, buf, root: int, *, timeout_s: float | None, what: str, epoch: int = -1) -> None:
+    """In-place broadcast of the numpy array `buf` from `root` (Ibcast + wait_all)."""
+    wait_all([comm.Ibcast(buf, root=root)], timeout_s, what, comm, epoch, [root])
+
+
+def barrier(comm: MPI.Comm, *, timeout_s: float | None, what: str, epoch: int = -1) -> None:
+    """Barrier over `comm` (Ibarrier + wait_all)."""
+    others = [r for r in range(comm.Get_size()) if r != comm.Get_rank()]
+    wait_all([comm.Ibarrier()], timeout_s, what, comm, epoch, others)
+
+
+def allreduce_sum(comm: MPI.Comm, buf, *, timeout_s: float | None, what: str, epoch: int = -1) -> None:
+    """In-place sum of the numpy array `buf` over `comm` (Iallreduce + wait_all)."""
+    if timeout_s is None or timeout_s <= 0:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # the plain blocking call: the baseline as users know it
+        return
+    others = [r for r in range(comm.Get_size()) if r != comm.Get_rank()]
+    wait_all([comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)], timeout_s, what, comm, epoch, others)
