@@ -264,7 +264,7 @@ def _main(args: argparse.Namespace, world) -> int:
         trainer.exchange = exchange
 
     run_info = {
-        "sagips_run": 1, "status": "running", "environment": cfg.environment.name, "mode": cfg.mode,
+        "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir), "environment": cfg.environment.name, "mode": cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
         "config": config_to_dict(cfg), "truth": env.truth(), "events_per_epoch": env.events_per_epoch,
         "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
@@ -285,6 +285,8 @@ def _main(args: argparse.Namespace, world) -> int:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = prev_run.get("start_time", run_info["start_time"])
         run_info["resumes"] = prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
+    if members > 1:
+        trainer.progress_desc = f"{cfg.mode} member {member}"
     marker = StateMarker(comm, out_dir)
     trainer.on_state_saved = marker.saved
     if is_root:

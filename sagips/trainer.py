@@ -104,6 +104,7 @@ class Trainer:
         self.delay_s = cfg.pipeline.delay_s if rank in cfg.pipeline.delay_ranks else 0.0
         self.metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")) if is_root else None
         self.last_quality: dict[str, Any] | None = None
+        self.progress_desc = ""  #: progress bar label (e.g. the ensemble member)
         self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
@@ -261,4 +262,4 @@ class Trainer:
         from tqdm import tqdm
 
         return tqdm(total=self.cfg.train.epochs, initial=self.state.epoch, unit="epoch", dynamic_ncols=True,
-                    file=sys.stderr, mininterval=1.0, desc=f"{self.cfg.mode}")
+                    file=sys.stderr, mininterval=1.0, desc=self.progress_desc or self.cfg.mode)

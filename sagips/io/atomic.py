@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from typing import IO
 
 
+# mkstemp creates files readable by their owner only; outputs should get the usual umask-based mode
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     path = os.fspath(path)
@@ -18,6 +23,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()

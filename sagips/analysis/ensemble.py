@@ -1,0 +1,308 @@
+"""Load `sagips.run` outputs and turn their generator checkpoints into parameter predictions.
+
+A *run* is one output directory of `sagips.run` (run.json + checkpoints/rank{R:04d}/epoch{E:07d}.pt). A directory
+that holds member{m:03d}/ subdirectories (an ensemble launched in one job with --ensemble-size) expands to them.
+
+A run's prediction for a noise vector n is the average over its ranks' generators, mapped to physical parameters
+(the paper, section VI-A: "we simply average over the predictions from all generators"). The runs of a group form
+the ensemble of eqs. 7-8; every generator of every run sees the same batch of K noise vectors.
+
+Everything here raises `AnalysisError` (one line, naming the file) on bad input; `sagips.analyze` turns it into
+exit status 2. Checkpoints are only ever loaded with `torch.load(..., weights_only=True)`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sagips.analysis import stats
+from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+
+GROUP_KEYS = ("mode", "world_size", "label")
+_MEMBER = re.compile(r"^member\d{3}$")
+
+#: (generator, noise (K, noise_dim)) -> physical parameters (K, P)
+ToPhysical = Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]
+
+
+class AnalysisError(Exception):
+    """Bad input for the analysis; the message is one line that names the offending run or file."""
+
+
+# ------------------------------------------------------------------------------------------- generators -> numbers
+def _raw_outputs(G: torch.nn.Module, noise: torch.Tensor) -> torch.Tensor:
+    return G(noise)
+
+
+@torch.no_grad()
+def generator_outputs(generators: Sequence[torch.nn.Module], noise: torch.Tensor,
+                      to_physical: ToPhysical | None = None) -> np.ndarray:
+    """Predictions of every generator for the SAME noise batch: an array (M, K, P) (float64).
+
+    `to_physical(G, noise)` maps a generator and the noise to physical parameters; by default the raw G(noise).
+    """
+    f = to_physical or _raw_outputs
+    return np.stack([f(G, noise).detach().cpu().double().numpy() for G in generators])
+
+
+def ensemble_from_generators(generators: Sequence[torch.nn.Module], noise: torch.Tensor, truth: Sequence[float],
+                             to_physical: ToPhysical | None = None) -> stats.EnsembleResult:
+    """Eqs. 6-8 for M generators evaluated on the same K noise vectors (each generator is one ensemble member)."""
+    return stats.ensemble(generator_outputs(generators, noise, to_physical), truth)
+
+
+# ------------------------------------------------------------------------------------------------ runs on disk
+@dataclass
+class Run:
+    """One `sagips.run` output directory, validated."""
+
+    path: Path
+    info: dict[str, Any]                   #: run.json
+    checkpoints: dict[int, dict[int, Path]]  #: {rank: {epoch: path}}
+    truth: np.ndarray = field(repr=False)  #: (P,)
+
+    @property
+    def environment(self) -> str:
+        return self.info["environment"]
+
+    @property
+    def mode(self) -> str:
+        return str(self.info.get("mode", "?"))
+
+    @property
+    def world_size(self) -> int:
+        return int(self.info.get("world_size", len(self.checkpoints)))
+
+    @property
+    def label(self) -> str:
+        return str(self.info.get("label") or "")
+
+    def group_key(self, by: str) -> str:
+        if by == "mode":
+            return self.mode
+        if by == "world_size":
+            return f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
+        if by == "label":
+            return self.label or "(no label)"
+        raise ValueError(f"unknown grouping {by!r} (choose from {', '.join(GROUP_KEYS)})")
+
+    def epochs(self) -> list[int]:
+        """Checkpoint epochs present for every rank of the run."""
+        sets = [set(e) for e in self.checkpoints.values()]
+        return sorted(set.intersection(*sets)) if sets else []
+
+    def rate(self) -> float | None:
+        """Eq. 9 of this run (None when run.json has no timings yet)."""
+        return stats.run_analysis_rate(self.info)
+
+
+def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
+    """RUN_DIR arguments -> run directories: a directory with member{m:03d}/ subdirectories expands to them."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise AnalysisError(f"{p}: no such directory")
+        members = sorted(d for d in p.iterdir() if d.is_dir() and _MEMBER.match(d.name))
+        if (p / "run.json").is_file() and members:
+            raise AnalysisError(f"{p}: holds both a run (run.json) and ensemble members ({members[0].name}, ...); "
+                                f"name the run directories you mean explicitly")
+        if (p / "run.json").is_file():
+            out.append(p)
+        elif members:
+            out.extend(members)
+        else:
+            raise AnalysisError(f"{p}: not a sagips.run output directory (no run.json and no member*/ "
+                                f"subdirectories)")
+    seen, unique = set(), []
+    for p in out:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique
+
+
+def load_run(path: str | Path) -> Run:
+    """Read and check run.json and the checkpoint listing of one run (no checkpoint is loaded here)."""
+    path = Path(path)
+    try:
+        info = json.loads((path / "run.json").read_text())
+    except FileNotFoundError:
+        raise AnalysisError(f"{path}: no run.json (not a sagips.run output directory)") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise AnalysisError(f"{path / 'run.json'}: unreadable ({' '.join(str(e).split())})") from None
+    if not isinstance(info, dict):
+        raise AnalysisError(f"{path / 'run.json'}: not a JSON object")
+    for key in ("environment", "config", "world_size"):
+        if key not in info:
+            raise AnalysisError(f"{path / 'run.json'}: missing '{key}'")
+    truth = info.get("truth")
+    if not truth:
+        raise AnalysisError(f"{path}: run.json has no truth (environment {info['environment']!r}); residuals "
+                            f"(p - p^)/p need the true parameters")
+    truth = np.asarray(truth, dtype=np.float64)
+    if truth.ndim != 1 or np.any(truth == 0) or not np.all(np.isfinite(truth)):
+        raise AnalysisError(f"{path}: run.json truth must be finite, non-zero numbers, got {info['truth']!r}")
+    ck = list_checkpoints(path)
+    if not ck:
+        raise AnalysisError(f"{path}: no checkpoints (expected checkpoints/rank0000/epoch0000001.pt and so on)")
+    missing = sorted(set(range(int(info["world_size"]))) - set(ck))
+    if missing:
+        raise AnalysisError(f"{path}: no checkpoints for rank(s) {missing} of a {info['world_size']}-rank run")
+    run = Run(path, info, ck, truth)
+    if not run.epochs():
+        raise AnalysisError(f"{path}: the ranks share no checkpoint epoch")
+    return run
+
+
+def check_runs(runs: Sequence[Run]) -> None:
+    """All runs must come from one environment (the table rows are its parameters)."""
+    envs = {}
+    for r in runs:
+        envs.setdefault(r.environment, r)
+    if len(envs) > 1:
+        (a, ra), (b, rb) = list(envs.items())[:2]
+        raise AnalysisError(f"runs from different environments cannot be analysed together: {ra.path} is {a!r}, "
+                            f"{rb.path} is {b!r}")
+
+
+def group_runs(runs: Sequence[Run], by: str) -> dict[str, list[Run]]:
+    """Runs grouped by run.json[by], in the order of first appearance; truths must agree within a group."""
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.group_key(by), []).append(r)
+    for name, members in groups.items():
+        ref = members[0]
+        for r in members[1:]:
+            if r.truth.shape != ref.truth.shape or not np.allclose(r.truth, ref.truth, rtol=1e-12, atol=0.0):
+                raise AnalysisError(f"group {name!r}: mismatched truths: {ref.path} has {ref.truth.tolist()} but "
+                                    f"{r.path} has {r.truth.tolist()}")
+    return groups
+
+
+# ------------------------------------------------------------------------------------------------ predictions
+class RunPredictor:
+    """Rebuilds a run's environment and generator (on CPU) and evaluates its checkpoints on a shared noise batch."""
+
+    def __init__(self, run: Run, noise_seed: int):
+        from sagips.config import ConfigError, from_dict
+        from sagips.environment import get_environment
+
+        self.run = run
+        env_raw = dict((run.info.get("config") or {}).get("environment") or {})
+        name = env_raw.pop("name", run.environment)
+        if name != run.environment:
+            raise AnalysisError(f"{run.path}: run.json names environment {run.environment!r} but its config "
+                                f"says {name!r}")
+        try:
+            env_cls = get_environment(name)
+            env_cfg = from_dict(env_cls.Config, env_raw, "environment.")
+        except ConfigError as e:
+            raise AnalysisError(f"{run.path}: cannot rebuild the environment from run.json: {e}") from None
+        env_cfg.name = name
+        # The environment's random stream is seeded with noise_seed and nothing else draws from it before
+        # noise(K): every run built with the same seed (and noise size) gets the same noise batch.
+        self.env = env_cls(env_cfg, "cpu", noise_seed)
+        for attr in ("noise", "params"):
+            if not callable(getattr(self.env, attr, None)):
+                raise AnalysisError(f"{run.path}: environment {name!r} has no {attr}() method; the ensemble analysis "
+                                    f"needs parameter predictions p = params(G, n) from noise(n)")
+        self.G = self.env.build_generator().eval()
+
+    def noise(self, k: int) -> torch.Tensor:
+        return self.env.noise(k).detach().clone()
+
+    def to_physical(self, G: torch.nn.Module, noise: torch.Tensor) -> torch.Tensor:
+        """The environment's own params(G, n), fed with the given noise batch instead of fresh noise."""
+        env = self.env
+        env.noise = lambda n: noise  # shadows the method on this instance only; params() draws through it
+        try:
+            return env.params(G, len(noise))
+        finally:
+            del env.noise
+
+    def load(self, rank: int, epoch: int) -> float:
+        """Load the generator of (rank, epoch) into self.G; returns the checkpoint's time_s."""
+        path = self.run.checkpoints[rank][epoch]
+        try:
+            ck = load_checkpoint(path)
+        except Exception as e:  # noqa: BLE001  (torn or foreign file, or one weights_only refuses: many types)
+            raise AnalysisError(f"{path}: cannot load checkpoint ({' '.join(str(e).split())[:200]})") from None
+        if not isinstance(ck, dict) or "generator" not in ck or "time_s" not in ck:
+            raise AnalysisError(f"{path}: not a SAGIPS checkpoint (needs 'generator' and 'time_s')")
+        env_name = ck.get("environment", self.run.environment)
+        if env_name != self.run.environment:
+            raise AnalysisError(f"{path}: checkpoint from environment {env_name!r} in a run of environment "
+                                f"{self.run.environment!r}")
+        try:
+            self.G.load_state_dict(ck["generator"])
+        except (RuntimeError, KeyError, TypeError) as e:
+            raise AnalysisError(f"{path}: generator weights do not fit the run's environment "
+                                f"({' '.join(str(e).split())[:200]})") from None
+        return float(ck["time_s"])
+
+    @torch.no_grad()
+    def predict(self, epoch: int, noise: torch.Tensor) -> tuple[np.ndarray, list[float]]:
+        """The run's prediction at `epoch`: the mean over its ranks of the physical parameters, per noise vector,
+        shape (K, P); and every rank's time_s."""
+        acc, times = None, []
+        for rank in sorted(self.run.checkpoints):
+            times.append(self.load(rank, epoch))
+            try:
+                p = generator_outputs([self.G], noise, self.to_physical)[0]
+            except RuntimeError as e:  # e.g. a noise size that differs from the group's first run
+                raise AnalysisError(f"{self.run.path}: its generator cannot take the group's noise batch "
+                                    f"{tuple(noise.shape)} ({' '.join(str(e).split())[:160]})") from None
+            acc = p if acc is None else acc + p
+        return acc / len(times), times
+
+
+@dataclass
+class GroupSeries:
+    """The predictions of one group of runs at the checkpoint epochs they all share."""
+
+    name: str
+    runs: list[Run]
+    truth: np.ndarray     #: (P,)
+    epochs: np.ndarray    #: (T,)
+    time_s: np.ndarray    #: (T,) mean accumulated training seconds over all runs' ranks at each epoch
+    preds: np.ndarray     #: (T, N, K, P) every run's rank-averaged prediction per noise vector
+
+    def at(self, t: int, members: Sequence[int] | None = None) -> stats.EnsembleResult:
+        """Eqs. 6-8 at time step t, for all runs or the given subset."""
+        p = self.preds[t] if members is None else self.preds[t][list(members)]
+        return stats.ensemble(p, self.truth)
+
+
+def predict_group(name: str, runs: Sequence[Run], noise_samples: int, noise_seed: int,
+                  progress: Callable[[str], None] | None = None) -> GroupSeries:
+    """Evaluate every run of a group at the epochs all of them have; the noise batch is drawn once and shared."""
+    common = sorted(set.intersection(*(set(r.epochs()) for r in runs)))
+    if not common:
+        raise AnalysisError(f"group {name!r}: the runs share no checkpoint epoch "
+                            f"({'; '.join(f'{r.path}: {r.epochs()[:3]}...' for r in runs[:2])})")
+    predictors = [RunPredictor(r, noise_seed) for r in runs]
+    noise = predictors[0].noise(noise_samples)
+    preds, times = [], []
+    for t, epoch in enumerate(common):
+        row, tt = [], []
+        for pr in predictors:
+            p, ts = pr.predict(epoch, noise)
+            if p.shape[-1] != len(pr.run.truth):
+                raise AnalysisError(f"{pr.run.path}: the generator predicts {p.shape[-1]} parameters but the truth "
+                                    f"has {len(pr.run.truth)}")
+            row.append(p)
+            tt.extend(ts)
+        preds.append(np.stack(row))
+        times.append(float(np.mean(tt)))
+        if progress is not None:
+            progress(f"group {name}: epoch {epoch} ({t + 1}/{len(common)})")
+    return GroupSeries(name, list(runs), runs[0].truth.copy(), np.asarray(common), np.asarray(times),
+                       np.stack(preds))

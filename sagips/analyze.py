@@ -1,0 +1,322 @@
+"""Ensemble post-analysis of SAGIPS runs (the paper's section VI): residuals, 1 sigma, convergence, analysis rate.
+
+    # M runs of one mode, then the analysis (every run directory is an output of sagips.run)
+    for s in 1 2 3 4; do
+      mpiexec -n 2 python -m sagips.run --config configs/proxy1d-quick.yaml --mode arar --seed $s \\
+          --output-dir runs/arar/s$s
+    done
+    python -m sagips.analyze runs/arar/s* --out reports/arar
+
+    # an ensemble launched in one job: 8 ranks -> 4 runs of 2 ranks in runs/rma/member000 ... member003
+    mpiexec -n 8 python -m sagips.run --config configs/proxy1d-quick.yaml --mode rma-arar-arar --ensemble-size 4 \\
+        --output-dir runs/rma
+    python -m sagips.analyze runs/arar/s* runs/rma --out reports/cmp      # one column (group) per mode
+
+Outputs in --out: summary.md and summary.csv (Table IV: residuals +- 1 sigma in units of 1e-3 per parameter at the
+last common checkpoint, one column per group), summary.json (every number in the figures), residuals_vs_time.png,
+convergence.png, rmse_vs_spread.png, and analysis_rate.png when the runs cover several world sizes.
+See docs/analysis.md for how to read them. Exit status 2 means bad input, with a one-line message; -v prints
+progress on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import io
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sagips.analysis import stats
+from sagips.analysis.ensemble import (
+    GROUP_KEYS,
+    AnalysisError,
+    GroupSeries,
+    check_runs,
+    expand_run_dirs,
+    group_runs,
+    load_run,
+    predict_group,
+)
+
+EXIT_USAGE = 2
+PROG = "sagips.analyze"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m sagips.analyze",
+        description="Ensemble post-analysis of sagips.run outputs: ensemble mean and 1 sigma of the parameter "
+                    "predictions (eqs. 7-8), normalised residuals against the truth (eq. 6) over accumulated "
+                    "training time, and the analysis rate (eq. 9).",
+        epilog="A RUN_DIR is an output directory of sagips.run; a directory with member{m:03d}/ subdirectories "
+               "(sagips.run --ensemble-size M) expands to its members. Runs are grouped (--group-by) into "
+               "ensembles; each group is one column of the table and one panel or curve of the figures.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="sagips.run output directories")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the summary and figures go (created)")
+    p.add_argument("--noise-samples", type=_positive_int, default=1024, metavar="K",
+                   help="noise vectors per generator, the same for every generator (default 1024)")
+    p.add_argument("--group-by", choices=GROUP_KEYS, default="mode",
+                   help="run.json field that forms the ensembles (default: mode)")
+    p.add_argument("--resamples", type=_positive_int, default=300, metavar="S",
+                   help="random sub-ensembles per size M for the RMSE-vs-spread figure (default 300)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed of the shared noise batch and of the resampling (default 0)")
+    p.add_argument("--verbose", "-v", action="store_true", help="progress messages on stderr")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------ the numbers
+def _jsonable(x: Any) -> Any:
+    """numpy arrays and scalars -> lists and floats; non-finite floats -> None (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return _jsonable(x.item())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+    """Every number of one group: eqs. 6-8 at each time step, the final row of the table, the resampling study."""
+    res = [g.at(t) for t in range(len(g.epochs))]
+    last = res[-1]
+    n = len(g.runs)
+    rs = {"epoch": int(g.epochs[-1]), "time_s": float(g.time_s[-1]), "resamples": resamples, "sizes": [],
+          "rmse_1e3": [], "spread_1e3": [], "rmse_mean_1e3": [], "spread_mean_1e3": [], "ellipse95_1e3": []}
+    if n >= 2:
+        sizes = list(range(2, n + 1))
+        for m, (rmse, spread) in stats.resample_rmse_spread(g.preds[-1], g.truth, sizes, resamples, rng).items():
+            rmse, spread = rmse * 1e3, spread * 1e3
+            rs["sizes"].append(m)
+            rs["rmse_1e3"].append(rmse)
+            rs["spread_1e3"].append(spread)
+            rs["rmse_mean_1e3"].append(float(rmse.mean()))
+            rs["spread_mean_1e3"].append(float(spread.mean()))
+            rs["ellipse95_1e3"].append(stats.confidence_ellipse(spread, rmse, 0.95))
+    rates = [r.rate() for r in g.runs]
+    known = [x for x in rates if x is not None]
+    return {
+        "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
+        "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
+        "labels": sorted({r.label for r in g.runs}),
+        "truth": g.truth, "epochs": g.epochs, "time_s": g.time_s,
+        "p_hat": np.array([x.p_hat for x in res]), "sigma": np.array([x.sigma for x in res]),
+        "residual": np.array([x.residual for x in res]), "residual_sigma": np.array([x.residual_sigma for x in res]),
+        "mean_abs_residual_1e3": [1e3 * x.mean_abs_residual for x in res],
+        "mean_residual_sigma_1e3": [1e3 * x.spread for x in res],
+        "rmse_1e3": [1e3 * x.rmse for x in res],
+        "final": {"epoch": int(g.epochs[-1]), "time_s": float(g.time_s[-1]), "p_hat": last.p_hat,
+                  "sigma": last.sigma, "residual_1e3": last.residual * 1e3,
+                  "residual_sigma_1e3": last.residual_sigma * 1e3},
+        "rmse_vs_spread": rs,
+        "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
+                          "std": float(np.std(known)) if known else None},
+    }
+
+
+def rate_rows(runs, group_of: dict[str, str]) -> tuple[list[dict], list[dict]]:
+    """Eq. 9 per run, and its mean/std per (mode, world size) for the analysis-rate figure."""
+    per_run, by = [], {}
+    for r in runs:
+        rate = r.rate()
+        secs = r.info.get("train_seconds") or []
+        per_run.append({"run": str(r.path), "group": group_of[str(r.path)], "mode": r.mode,
+                        "world_size": r.world_size, "label": r.label, "member": r.info.get("member"),
+                        "seed": (r.info.get("config") or {}).get("seed"),
+                        "events_per_epoch": r.info.get("events_per_epoch"), "epochs": r.info.get("epochs"),
+                        "train_seconds_max": max(secs) if secs else None, "analysis_rate": rate})
+        if rate is not None:
+            by.setdefault((r.mode, r.world_size), []).append(rate)
+    agg = [{"mode": m, "world_size": w, "n_runs": len(v), "mean": float(np.mean(v)), "std": float(np.std(v))}
+           for (m, w), v in by.items()]
+    return per_run, agg
+
+
+def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(args.seed)
+    runs = [r for g in series for r in g.runs]
+    group_of = {str(r.path): g.name for g in series for r in g.runs}
+    per_run, agg = rate_rows(runs, group_of)
+    n_par = len(series[0].truth)
+    out = {
+        "sagips_analysis": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "environment": runs[0].environment,
+        "settings": {"noise_samples": args.noise_samples, "group_by": args.group_by, "resamples": args.resamples,
+                     "seed": args.seed},
+        "parameters": [f"r_{i}" for i in range(n_par)],
+        "groups": [group_summary(g, args.resamples, rng) for g in series],
+        "runs": per_run,
+        "analysis_rate_by_world_size": agg,
+    }
+    return _jsonable(out)
+
+
+# ------------------------------------------------------------------------------------------------ the table
+def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """summary.csv: one row per parameter; per group its residual and 1 sigma in units of 1e-3."""
+    header = ["parameter", "truth"]
+    for g in summary["groups"]:
+        header += [f"{g['name']} residual [1e-3]", f"{g['name']} sigma [1e-3]"]
+    rows = []
+    truth = summary["groups"][0]["truth"]
+    for i, name in enumerate(summary["parameters"]):
+        row: list[Any] = [name, truth[i]]
+        for g in summary["groups"]:
+            row += [g["final"]["residual_1e3"][i], g["final"]["residual_sigma_1e3"][i]]
+        rows.append(row)
+    return header, rows
+
+
+def write_csv(summary: dict[str, Any], path: str) -> None:
+    header, rows = table_rows(summary)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    for row in rows:
+        w.writerow([repr(float(v)) if isinstance(v, float) else v for v in row])
+    _write(path, buf.getvalue())
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
+    groups = summary["groups"]
+    s = summary["settings"]
+    lines = ["# SAGIPS ensemble analysis", "",
+             (f"Environment `{summary['environment']}`; {len(summary['runs'])} run(s) in {len(groups)} group(s) "
+              f"(grouped by `{s['group_by']}`); K = {s['noise_samples']} shared noise vectors (seed {s['seed']})."),
+             "",
+             "## Normalised residuals at the last time step (Table IV style)", "",
+             ("r̂_i = (p_i − p̂_i)/p_i of the ensemble mean p̂ (eq. 6, 7) ± 1σ = σ_i/|p_i| (eq. 8), in units of "
+              "10⁻³."), ""]
+    lines.append("| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |")
+    lines.append("|---|---:|" + "---:|" * len(groups))
+    truth = groups[0]["truth"]
+    for i in range(len(summary["parameters"])):
+        cells = [f"{g['final']['residual_1e3'][i]:.1f} ± {g['final']['residual_sigma_1e3'][i]:.1f}" for g in groups]
+        lines.append(f"| r̂_{i} | {truth[i]:g} | " + " | ".join(cells) + " |")
+    lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
+    lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" for g in groups)
+                 + " |")
+    lines += ["", "## Groups", "",
+              ("| group | runs (M) | modes | ranks per run | last common epoch | training time at it [s] | "
+               "analysis rate, eq. 9 [events/s] |"), "|---|---:|---|---|---:|---:|---:|"]
+    for g in groups:
+        ar = g["analysis_rate"]
+        rate = _fmt_rate(ar["mean"]) + (f" ± {ar['std']:.2g}" if ar["mean"] is not None and g["n_runs"] > 1 else "")
+        lines.append(f"| {g['name']} | {g['n_runs']} | {', '.join(g['modes'])} | "
+                     f"{', '.join(map(str, g['world_sizes']))} | {g['final']['epoch']} | {g['final']['time_s']:.1f} "
+                     f"| {rate} |")
+    lines += ["", "## Runs", "",
+              ("Members of one job (--ensemble-size) share the base seed; each rank's seed is derived from "
+               "(seed, member, rank)."), "",
+              "| run | group | mode | ranks | seed | member | epochs | max train s | analysis rate |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in summary["runs"]:
+        secs = r["train_seconds_max"]
+        lines.append(f"| `{r['run']}` | {r['group']} | {r['mode']} | {r['world_size']} | {r['seed']} | {r['member']} | "
+                     f"{r['epochs']} | {'n/a' if secs is None else f'{secs:.1f}'} | {_fmt_rate(r['analysis_rate'])} |")
+    lines += ["", "## Figures", ""]
+    for name, f in figures.items():
+        lines.append(f"![{name}]({f})")
+    lines += ["", ("Every number above and in the figures is in `summary.json`; see docs/analysis.md for how to "
+                   "read them."), ""]
+    return "\n".join(lines)
+
+
+def _write(path: str, text: str) -> None:
+    # a plain write (files readable by the group, unlike a mkstemp file); a report is cheap to redo
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+# ------------------------------------------------------------------------------------------------ main
+def run_analysis(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from sagips.analysis import figures
+
+    say = (lambda m: None) if not args.verbose else (lambda m: print(f"{PROG}: {m}", file=sys.stderr, flush=True))
+    torch.set_num_threads(max(1, min(4, torch.get_num_threads())))
+    runs = [load_run(p) for p in expand_run_dirs(args.run_dirs)]
+    check_runs(runs)
+    groups = group_runs(runs, args.group_by)
+    for name, members in groups.items():
+        for a, b in duplicate_seeds(members):
+            print(f"{PROG}: warning: group {name!r}: {a.path} and {b.path} have the same seed and member index: they "
+                  f"start from the same weights and data, so they are not independent members (use different --seed)", file=sys.stderr)
+    say(f"{len(runs)} run(s) in {len(groups)} group(s): "
+        + ", ".join(f"{k} ({len(v)})" for k, v in groups.items()))
+    series = [predict_group(name, members, args.noise_samples, args.seed, progress=say)
+              for name, members in groups.items()]
+    summary = build_summary(series, args)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise AnalysisError(f"--out {args.out}: cannot create it ({e.strerror})") from None
+    made = figures.write_all(summary, args.out)
+    summary["figures"] = made
+    write_csv(summary, os.path.join(args.out, "summary.csv"))
+    _write(os.path.join(args.out, "summary.md"), markdown(summary, made))
+    _write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def duplicate_seeds(runs) -> list[tuple[Any, Any]]:
+    """Pairs of runs launched with the same base seed and member index (copies, not independent members)."""
+    seen, pairs = {}, []
+    for r in runs:
+        key = ((r.info.get("config") or {}).get("seed"), r.info.get("member", 0))
+        if key[0] is not None and key in seen:
+            pairs.append((seen[key], r))
+        seen.setdefault(key, r)
+    return pairs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        summary = run_analysis(args)
+    except AnalysisError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    files = ["summary.md", "summary.csv", "summary.json", *summary["figures"].values()]
+    print(f"{PROG}: wrote {', '.join(files)} to {args.out}")
+    print(markdown_table_only(summary))
+    return 0
+
+
+def markdown_table_only(summary: dict[str, Any]) -> str:
+    """The Table IV part of summary.md, for the terminal."""
+    text = markdown(summary, {})
+    start = text.index("| Residual")
+    return text[start:text.index("\n\n", start)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

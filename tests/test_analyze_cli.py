@@ -1,0 +1,199 @@
+"""`python -m sagips.analyze` on real runs: one 4-rank job with --ensemble-size 2 gives two 2-rank runs (members).
+
+One module-scoped mpiexec launch feeds every test; other cases are copies of those runs with run.json or a
+checkpoint edited (another label, one rank, a wrong truth, a foreign environment).
+"""
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from sagips.analysis.ensemble import expand_run_dirs, group_runs, load_run
+from sagips.analyze import main
+from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+from sagips.models import mlp
+from tests._mpirun import run_mpi
+
+QUICK = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress",
+         "--set", "environment.reference_events=20000", "--set", "environment.param_samples=16",
+         "--set", "environment.events_per_sample=20", "--set", "train.quality_samples=16",
+         "--set", "train.log_every=2", "--set", "train.checkpoint_every=2"]
+K = 64
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyze")
+    out = root / "ens"
+    r = run_mpi(4, QUICK + ["--mode", "ensemble", "--ensemble-size", "2", "--epochs", "4", "--output-dir", str(out)],
+                timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, out
+
+
+def edit_json(path, **changes):
+    info = json.loads(path.read_text())
+    info.update(changes)
+    path.write_text(json.dumps(info))
+    return info
+
+
+def copy_run(src, dst, ranks=None):
+    shutil.copytree(src, dst)
+    if ranks is not None:
+        for d in (dst / "checkpoints").iterdir():
+            if int(d.name[4:]) not in ranks:
+                shutil.rmtree(d)
+    return dst
+
+
+def test_members_are_two_runs_with_different_weights(job):
+    _, out = job
+    members = sorted(p.name for p in out.iterdir())
+    assert members == ["member000", "member001"]
+    infos = [json.loads((out / m / "run.json").read_text()) for m in members]
+    assert [i["member"] for i in infos] == [0, 1] and all(i["world_size"] == 2 and i["mode"] == "ensemble"
+                                                         for i in infos)
+    w = [load_checkpoint(list_checkpoints(out / m)[0][1])["generator"]["0.weight"] for m in members]
+    assert not torch.equal(w[0], w[1])  # different seeds per member, from the very first epoch
+
+
+@pytest.fixture(scope="module")
+def analysis(job):
+    """The CLI on the job directory (it expands to its two members) plus a 1-rank copy of member000's rank 0,
+    grouped by world size: two groups, two world sizes (so analysis_rate.png too)."""
+    root, out = job
+    single = copy_run(out / "member000", root / "single", ranks=[0])
+    info = edit_json(single / "run.json", world_size=1)
+    edit_json(single / "run.json", train_seconds=info["train_seconds"][:1])
+    rep = root / "report"
+    rc = main([str(out), str(single), "--out", str(rep), "--noise-samples", str(K), "--resamples", "20",
+               "--group-by", "world_size"])
+    assert rc == 0
+    return rep, json.loads((rep / "summary.json").read_text())
+
+
+def test_cli_writes_every_file(analysis):
+    rep, s = analysis
+    for name in ("summary.md", "summary.csv", "summary.json", "residuals_vs_time.png", "convergence.png",
+                 "rmse_vs_spread.png", "analysis_rate.png"):
+        assert (rep / name).stat().st_size > 0, name
+    assert [(g["name"], g["n_runs"]) for g in s["groups"]] == [("2 ranks", 2), ("1 rank", 1)]
+    g = s["groups"][0]
+    assert g["epochs"] == [1, 2, 4] and len(g["time_s"]) == 3 and g["time_s"] == sorted(g["time_s"])
+    assert g["rmse_vs_spread"]["sizes"] == [2] and len(g["rmse_vs_spread"]["rmse_1e3"][0]) == 20
+    assert s["groups"][1]["final"]["residual_sigma_1e3"] == [0.0] * 6  # one run: no spread
+    assert s["groups"][1]["rmse_vs_spread"]["sizes"] == []
+    assert sorted(r["world_size"] for r in s["analysis_rate_by_world_size"]) == [1, 2]
+    md = (rep / "summary.md").read_text()
+    assert "| r̂_5 |" in md and "![analysis_rate](analysis_rate.png)" in md
+
+
+def test_csv_matches_json(analysis):
+    rep, s = analysis
+    rows = list(csv.reader((rep / "summary.csv").open()))
+    assert rows[0] == ["parameter", "truth", "2 ranks residual [1e-3]", "2 ranks sigma [1e-3]",
+                       "1 rank residual [1e-3]", "1 rank sigma [1e-3]"]
+    assert [r[0] for r in rows[1:]] == [f"r_{i}" for i in range(6)]
+    for j, g in enumerate(s["groups"]):
+        fin = g["final"]
+        np.testing.assert_allclose([float(r[2 + 2 * j]) for r in rows[1:]], fin["residual_1e3"], rtol=1e-12)
+        np.testing.assert_allclose([float(r[3 + 2 * j]) for r in rows[1:]], fin["residual_sigma_1e3"], rtol=1e-12)
+    np.testing.assert_allclose([float(r[1]) for r in rows[1:]], s["groups"][0]["truth"])
+
+
+def test_numbers_match_a_direct_computation(job, analysis):
+    """Rebuild the generators by hand from the checkpoints; p = G(n) * (max - min) + min, averaged over ranks."""
+    _, out = job
+    _, s = analysis
+    info = json.loads((out / "member000" / "run.json").read_text())
+    env = info["config"]["environment"]
+    lo, hi = torch.tensor(env["param_min"]), torch.tensor(env["param_max"])
+    noise = torch.randn((K, env["noise_dim"]), generator=torch.Generator().manual_seed(0))  # --seed 0
+    runs = []
+    for m in ("member000", "member001"):
+        per_rank = []
+        for rank, eps in sorted(list_checkpoints(out / m).items()):
+            G = mlp(env["noise_dim"], 6, env["hidden"], env["layers"], out_act=torch.nn.Sigmoid())
+            G.load_state_dict(load_checkpoint(eps[4])["generator"])
+            with torch.no_grad():
+                per_rank.append((G(noise) * (hi - lo) + lo).double().numpy())
+        runs.append(np.mean(per_rank, axis=0))
+    preds = np.stack(runs)                                   # (M=2, K, 6)
+    p_hat = preds.mean(0).mean(0)
+    sigma = np.abs(preds[0] - preds[1]).mean(0) / 2          # population std of two values: |a - b| / 2
+    truth = np.array(info["truth"])
+    g = s["groups"][0]
+    np.testing.assert_allclose(g["final"]["p_hat"], p_hat, rtol=1e-5)
+    np.testing.assert_allclose(g["final"]["sigma"], sigma, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(np.array(g["final"]["residual_1e3"]) / 1e3, (truth - p_hat) / truth, rtol=1e-4,
+                               atol=1e-7)
+    # the time of an epoch: the mean time_s over both runs' ranks
+    t = [load_checkpoint(p[4])["time_s"] for m in ("member000", "member001")
+         for p in list_checkpoints(out / m).values()]
+    assert g["final"]["time_s"] == pytest.approx(np.mean(t))
+    # eq. 9 per run from run.json
+    r0 = next(r for r in s["runs"] if r["run"].endswith("member000"))
+    assert r0["analysis_rate"] == pytest.approx(2 * info["events_per_epoch"] * 4 / max(info["train_seconds"]))
+
+
+def test_group_by_label_and_mode(job):
+    root, out = job
+    labelled = copy_run(out / "member001", root / "labelled")
+    edit_json(labelled / "run.json", label="other", mode="arar-arar")
+    runs = [load_run(p) for p in expand_run_dirs([out, labelled])]
+    assert [r.path.name for r in runs] == ["member000", "member001", "labelled"]
+    by_label = group_runs(runs, "label")
+    assert {k: [r.path.name for r in v] for k, v in by_label.items()} == {
+        "(no label)": ["member000", "member001"], "other": ["labelled"]}
+    assert list(group_runs(runs, "mode")) == ["ensemble", "arar-arar"]
+    assert list(group_runs(runs, "world_size")) == ["2 ranks"]
+
+
+def _bad(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sagips.analyze: error: "), err
+    return lines[0]
+
+
+def test_bad_input_no_checkpoints(job, tmp_path, capsys):
+    _, out = job
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(out / "member000" / "run.json", empty / "run.json")
+    assert "no checkpoints" in _bad(capsys, [str(empty), "--out", str(tmp_path / "r")])
+    assert "no such directory" in _bad(capsys, [str(tmp_path / "absent"), "--out", str(tmp_path / "r")])
+    (tmp_path / "nothing").mkdir()
+    assert "not a sagips.run output" in _bad(capsys, [str(tmp_path / "nothing"), "--out", str(tmp_path / "r")])
+
+
+def test_bad_input_mismatched_truths(job, tmp_path, capsys):
+    _, out = job
+    other = copy_run(out / "member001", tmp_path / "other")
+    edit_json(other / "run.json", truth=[2.0, -0.5, 3.0, 1.0, -0.5, 4.0])
+    msg = _bad(capsys, [str(out / "member000"), str(other), "--out", str(tmp_path / "r")])
+    assert "mismatched truths" in msg and "group 'ensemble'" in msg
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_input_different_environments(job, tmp_path, capsys):
+    _, out = job
+    # a checkpoint that says it comes from another environment
+    foreign = copy_run(out / "member001", tmp_path / "foreign")
+    path = list_checkpoints(foreign)[1][2]
+    ck = load_checkpoint(path)
+    ck["environment"] = "optigan"
+    torch.save(ck, path)
+    msg = _bad(capsys, [str(out / "member000"), str(foreign), "--out", str(tmp_path / "r"), "--noise-samples", "8"])
+    assert "environment 'optigan'" in msg and str(path) in msg
+    # runs whose run.json name different environments
+    renamed = copy_run(out / "member001", tmp_path / "renamed")
+    edit_json(renamed / "run.json", environment="optigan")
+    msg = _bad(capsys, [str(out / "member000"), str(renamed), "--out", str(tmp_path / "r")])
+    assert "different environments" in msg
