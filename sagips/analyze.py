@@ -269,7 +269,8 @@ def run_analysis(args: argparse.Namespace) -> dict[str, Any]:
     for name, members in groups.items():
         for a, b in duplicate_seeds(members):
             print(f"{PROG}: warning: group {name!r}: {a.path} and {b.path} have the same seed and member index: they "
-                  f"start from the same weights and data, so they are not independent members (use different --seed)", file=sys.stderr)
+                  f"start from the same weights and data, so they are not independent members (use different --seed)",
+                  file=sys.stderr)
     say(f"{len(runs)} run(s) in {len(groups)} group(s): "
         + ", ".join(f"{k} ({len(v)})" for k, v in groups.items()))
     series = [predict_group(name, members, args.noise_samples, args.seed, progress=say)

@@ -264,7 +264,8 @@ def _main(args: argparse.Namespace, world) -> int:
         trainer.exchange = exchange
 
     run_info = {
-        "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir), "environment": cfg.environment.name, "mode": cfg.mode,
+        "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
+        "environment": cfg.environment.name, "mode": cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
         "config": config_to_dict(cfg), "truth": env.truth(), "events_per_epoch": env.events_per_epoch,
         "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),

@@ -104,7 +104,7 @@ class Ring:
             out += own if s == r else rows[s]
         self.last_weight = float(w.sum())
         if average:
-            np.divide(out, np.float32(w.sum() or 1.0), out=flat)  # 0 only if all dropped  # w.sum(): the same order, the same bits everywhere
+            np.divide(out, np.float32(w.sum() or 1.0), out=flat)  # same order, same bits; 0: all dropped
         else:
             flat[:] = out
 

@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO
 
-
 # mkstemp creates files readable by their owner only; outputs should get the usual umask-based mode
 _UMASK = os.umask(0)
 os.umask(_UMASK)
