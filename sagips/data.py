@@ -3,7 +3,10 @@
     python -m sagips.data proxy1d --events 1000000 --out data/proxy1d.h5 \
         [--true-params 2.1875 -0.5 3 1.09375 -0.5 4] [--seed S]
 
-proxy1d writes dataset `events` (N x 2, float32) with attributes `true_params` and `norms`.
+    python -m sagips.data optigan --out data/optigan.h5 ...     (see python -m sagips.data optigan --help)
+
+proxy1d writes dataset `events` (N x 2, float32) with attributes `true_params` and `norms`; optigan writes
+`photons` (N x 6) and `conditions` (N x 3), plus a held-out file beside it (docs/optigan.md).
 """
 from __future__ import annotations
 
@@ -21,7 +24,12 @@ def main(argv=None) -> int:
     px.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file (written atomically)")
     px.add_argument("--true-params", type=float, nargs=6, metavar="P", help="p0..p5 (default: the paper's truth)")
     px.add_argument("--seed", type=int, default=1234, help="random seed (default 1234)")
+    from sagips_environments.optigan.data import add_cli as add_optigan_cli
+
+    add_optigan_cli(sub)  # `optigan`: its own options and handler (args.run)
     args = p.parse_args(argv)
+    if hasattr(args, "run"):
+        return args.run(args)
     try:
         if args.events < 1:
             raise ConfigError("--events: must be >= 1")

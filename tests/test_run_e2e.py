@@ -106,3 +106,19 @@ def test_modes_end_to_end_4_ranks(tmp_path, mode, sets, expect):
         assert used > 0 and all(s.get("outer", 0) == 1 for s in info["exchange_stats"])
     else:
         assert not any(torch.equal(first_layer[0], w) for w in first_layer[1:])
+
+
+def test_optigan_rma_two_ranks(tmp_path):
+    """optiGAN plugs in through the registry and trains under rma-arar-arar (generator gradients only)."""
+    out = tmp_path / "opti"
+    r = run_mpi(2, ["-m", "sagips.run", "--config", "configs/optigan-quick.yaml", "--mode", "rma-arar-arar",
+                    "--no-progress", "--epochs", "3", "--output-dir", str(out), "--set", "comm.inner_size=2",
+                    "--set", "environment.photons_per_point=200", "--set", "environment.heldout_points=4",
+                    "--set", "environment.heldout_photons=200", "--set", "environment.batch_size=64",
+                    "--set", "environment.quality_points=2", "--set", "train.log_every=1"], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["environment"] == "optigan" and info["mode"] == "rma-arar-arar" and info["n_critic"] == 3
+    ck = list_checkpoints(out)
+    assert sorted(ck) == [0, 1] and 3 in ck[0]
+    assert read_metrics(out / "metrics.jsonl")[-1]["epoch"] == 3

@@ -43,6 +43,8 @@ class Proxy1DConfig:
                     choices=("bce", "mse"))
     norm_weight: float = opt(1.0, "weight of the norm loss in the generator loss", min=0.0)
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
+    d_input: str = opt("x", "what the discriminator sees of an event: 'x' (the paper) or 'log' (log x, which "
+                       "spreads out the low-x region where the parameters differ most)", choices=("x", "log"))
 
     def validate(self) -> None:
         for key in ("true_params", "param_min", "param_max"):
@@ -141,13 +143,17 @@ class Proxy1D(Environment):
             return F.binary_cross_entropy_with_logits(logits, target)
         return F.mse_loss(logits, target)
 
+    def _view(self, events: torch.Tensor) -> torch.Tensor:
+        """The discriminator's input (a fixed, invertible map of the events)."""
+        return torch.log(events) if self.cfg.d_input == "log" else events
+
     def d_loss(self, D, real, fake) -> torch.Tensor:
         events, _ = fake
-        return self._adv(D(real), self._ones) + self._adv(D(events), self._zeros)
+        return self._adv(D(self._view(real)), self._ones) + self._adv(D(self._view(events)), self._zeros)
 
     def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         events, norms = fake
-        adv = self._adv(D(events), self._ones)
+        adv = self._adv(D(self._view(events)), self._ones)
         norm_loss = F.mse_loss(norms, self.ref_norms.expand_as(norms))
         return adv + self.cfg.norm_weight * norm_loss, {"norm_loss": norm_loss}
 

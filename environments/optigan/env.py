@@ -1,0 +1,307 @@
+"""The optiGAN environment: a conditional WGAN-GP of the optical photons that reach a crystal's photodetector face.
+
+    python -m sagips.run --config configs/optigan-quick.yaml                      # minutes on a CPU
+    mpiexec -n 4 python -m sagips.run --config configs/optigan-quick.yaml --mode rma-arar-arar --set comm.inner_size=2
+    python -m sagips.run --config configs/optigan.yaml --set environment.data_file=data/optigan.h5 \\
+        --set environment.heldout_file=data/optigan_heldout.h5                       # the paper's scale (GPU)
+
+One row of data is one detected photon (X, Y, dX, dY, dZ, EKine: mm, direction cosines, eV) with its condition,
+the emission point (x, y, z in mm; see mc.py for the frame). Per epoch (the trainer's loop, sagips.environment):
+`n_critic` (3) critic steps, each on a fresh bootstrap batch of real rows and as many generated rows with the same
+conditions; then one generator step. Losses (Gulrajani et al. 2017):
+
+    critic     E[D(fake)] - E[D(real)] + gp_lambda * E[(||grad D(x_hat)|| - 1)^2]
+    generator  -E[D(fake)]
+
+The networks are opengate's (nets.py), with the data's mean/std folded into buffers (`standardize`), so that the
+modules take and return raw units; `export.py` writes the opengate file.
+
+Quality (metrics.jsonl): the JS similarity of generated vs MC photons on held-out emission points (js.py), beside the
+MC-vs-MC ceiling with the same sample sizes and bins. The held-out set is, in order: `heldout_file`; the held-out
+points simulated together with the reference data (when `data_file` is null); or, failing both, training points
+(then `quality_set` says "train").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sagips.config import ConfigError, opt
+from sagips.environment import Environment
+
+from .js import FEATURES, similarity
+from .nets import COND_DIM, PHOTON_DIM, OptiGANCritic, OptiGANGenerator, gradient_penalty
+
+#: the fixed seed of the quality noise: the logged figure does not depend on the training stream or on log_every
+QUALITY_SEED = 20240613
+
+
+@dataclass
+class OptiGANConfig:
+    """`environment:` section for name=optigan. Defaults are the optiGAN paper's settings where it gives them."""
+
+    name: str = opt("optigan", "registered environment name")
+    data_file: str | None = opt(None, "training HDF5 (datasets photons N x 6, conditions N x 3; see "
+                                "`python -m sagips.data optigan`); null = rank 0 runs the MC below on the grid")
+    heldout_file: str | None = opt(None, "held-out HDF5 (same format) for the JS quality; null = the held-out points "
+                                   "simulated with the reference data, or training points if data_file is set")
+    # -- the MC stand-in (used only when data_file is null)
+    crystal_length: float = opt(3.0, "crystal length L in mm (back face z=0, photodetector at z=L)", gt=0.0)
+    crystal_width: float = opt(3.0, "crystal cross-section side in mm (x, y in [-W/2, W/2])", gt=0.0)
+    scintillator: str = opt("BGO", "emission spectrum and refractive index", choices=("BGO", "LYSO"))
+    reflectivity: float = opt(0.98, "reflector on the lateral and back faces (where there is no TIR)",
+                              min=0.0, max=1.0)
+    lambertian: float = opt(0.0, "diffuse (cosine-law) fraction of reflector reflections", min=0.0, max=1.0)
+    absorption_length: float = opt(100.0, "bulk absorption length in mm", gt=0.0)
+    grid_side: int = opt(7, "grid points along x in the 1/8 cross-section (7 -> 28 points per depth)", min=2)
+    grid_depths: int = opt(5, "grid depths (paper: 5 -> 140 points)", min=1)
+    photons_per_point: int = opt(30_000, "detected photons per grid point (paper: >= 30,000)", min=1)
+    heldout_points: int = opt(100, "random held-out emission points simulated beside the grid (paper: 1000)", min=0)
+    heldout_photons: int = opt(6000, "photons per held-out point (two halves: reference and ceiling)", min=2)
+    # -- networks and loss
+    noise_dim: int = opt(10, "generator noise dimension (opengate: 10)", min=1)
+    hidden: int = opt(128, "first hidden width of the generator; then 2x and 4x (opengate: 128)", min=1)
+    critic_dropout: float = opt(0.0, "dropout after the critic's first two hidden layers (layout keeps the modules)",
+                                min=0.0, max=0.9)
+    gp_lambda: float = opt(10.0, "gradient-penalty weight lambda (WGAN-GP default)", min=0.0)
+    n_critic: int = opt(3, "critic steps per generator step (paper: 3)", min=1)
+    batch_size: int = opt(250_000, "real rows per critic/generator step, and as many generated (paper: 250,000)",
+                          min=1)
+    standardize: bool = opt(True, "standardise network inputs/outputs with the data's mean/std (buffers, folded "
+                            "into the first/last Linear layers on export)")
+    subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
+                                 gt=0.0, max=1.0)
+    init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
+                                     "model_3341.pt) or a SAGIPS checkpoint; null = random init")
+    # -- quality
+    quality_points: int = opt(20, "held-out emission points used for the logged JS similarity (0 = all)", min=0)
+    quality_photons: int = opt(3000, "photons per point and per sample in the JS comparison", min=10)
+    js_bins: int = opt(50, "histogram bins per feature for the JS similarity", min=2)
+    # -- GPU recipe switches that belong to the environment (docs/optigan.md)
+    data_on_device: bool = opt(True, "keep the reference rows on the training device (no data loader at all); "
+                               "false = host memory, one batch copied per step")
+
+    def validate(self) -> None:
+        for key in ("heldout_file", "init_generator"):
+            path = getattr(self, key)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"environment.{key}: no such file {path!r}")
+
+
+class OptiGAN(Environment):
+    name = "optigan"
+    Config = OptiGANConfig
+    datasets = {"photons": PHOTON_DIM, "conditions": COND_DIM}
+
+    def __init__(self, cfg: OptiGANConfig, device: torch.device | str = "cpu", seed: int = 0):
+        super().__init__(cfg, device, seed)
+        self.n_critic = cfg.n_critic
+        self.data: torch.Tensor | None = None  # (N, 9): photon | condition, this rank's rows
+        self.subset_idx: np.ndarray | None = None  # rows of the reference data this rank keeps (empty: all)
+        self._table: np.ndarray | None = None
+        self._std: dict[str, np.ndarray] | None = None
+        self._quality_set: dict[str, Any] | None = None
+        self._last: dict[str, torch.Tensor] = {}
+
+    # -- reference data ---------------------------------------------------------------------------------------
+    @staticmethod
+    def crystal(cfg: OptiGANConfig):
+        from .mc import Crystal
+
+        return Crystal(width=cfg.crystal_width, length=cfg.crystal_length, scintillator=cfg.scintillator,
+                       reflectivity=cfg.reflectivity, lambertian=cfg.lambertian,
+                       absorption_length=cfg.absorption_length)
+
+    @classmethod
+    def generate_reference(cls, cfg: OptiGANConfig, seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The MC on the grid; the held-out points ride along as `heldout_photons` / `heldout_conditions`."""
+        from .data import build_dataset
+
+        train, held, attrs, _ = build_dataset(cls.crystal(cfg), cfg.photons_per_point, cfg.heldout_points,
+                                              cfg.heldout_photons, seed, cfg.grid_side, cfg.grid_depths)
+        arrays = dict(train)
+        if held is not None:
+            arrays["heldout_photons"] = held["photons"]
+            arrays["heldout_conditions"] = held["conditions"]
+        return arrays, attrs
+
+    def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        c = self.cfg
+        photons = np.asarray(arrays["photons"], dtype=np.float32)
+        conds = np.asarray(arrays["conditions"], dtype=np.float32)
+        # standardisation from the full data, identical on every rank (the data was broadcast from rank 0)
+        self._std = {"cond_mean": conds.mean(0, dtype=np.float64), "cond_std": _safe_std(conds),
+                     "out_mean": photons.mean(0, dtype=np.float64), "out_std": _safe_std(photons)}
+        # the held-out (or training) points of the quality figure, and their MC-vs-MC ceiling, computed once
+        if c.heldout_file:
+            from sagips.io.refdata import read_reference
+
+            held, _ = read_reference(c.heldout_file, self.datasets)
+            self._quality_set = self._make_quality_set(held["photons"], held["conditions"], "heldout")
+        elif "heldout_photons" in arrays:
+            self._quality_set = self._make_quality_set(arrays["heldout_photons"], arrays["heldout_conditions"],
+                                                       "heldout")
+        else:
+            self._quality_set = self._make_quality_set(photons, conds, "train")
+        self._table = np.concatenate([photons, conds], axis=1)
+        n_keep = max(1, round(c.subset_fraction * len(photons)))
+        full = n_keep >= len(photons)
+        self.select_subset(None if full else np.sort(rng.choice(len(photons), size=n_keep, replace=False)))
+
+    def select_subset(self, idx: np.ndarray | None) -> None:
+        """Keep the reference rows `idx` (this rank's share; None or empty = all rows, recorded as an empty
+        `subset_idx` so that the trainer's saved states stay small); on the device unless data_on_device is false."""
+        self.subset_idx = np.zeros(0, dtype=np.int64) if idx is None else np.asarray(idx, dtype=np.int64)
+        full = self.subset_idx.size == 0
+        data = torch.from_numpy(np.ascontiguousarray(self._table if full else self._table[self.subset_idx]))
+        if self.cfg.data_on_device:
+            self.data = data.to(self.device)
+        else:  # host memory (pinned when a GPU reads it): one batch travels per step
+            self.data = data.pin_memory() if self.device.type == "cuda" else data
+
+    def _make_quality_set(self, photons: np.ndarray, conds: np.ndarray, kind: str) -> dict[str, Any]:
+        c = self.cfg
+        points, groups = group_by_condition(conds)
+        k = len(points) if c.quality_points == 0 else min(c.quality_points, len(points))
+        pick = np.unique(np.linspace(0, len(points) - 1, k).round().astype(int))
+        shuffle = np.random.default_rng(QUALITY_SEED)
+        ref_a, ref_b = [], []
+        for i in pick:
+            rows = groups[i][shuffle.permutation(len(groups[i]))]
+            m = min(c.quality_photons, len(rows) // 2)
+            if m < 1:
+                raise ConfigError(f"environment: quality point {points[i].tolist()} has {len(rows)} photon(s); "
+                                  f"at least 2 are needed for the JS comparison")
+            ref_a.append(photons[rows[:m]])
+            ref_b.append(photons[rows[m:2 * m]])
+        ceiling = similarity(ref_b, ref_a, c.js_bins)
+        return {"kind": kind, "points": points[pick], "a": ref_a, "b": ref_b, "ceiling": ceiling}
+
+    # -- networks ------------------------------------------------------------------------------------------------
+    def build_generator(self) -> torch.nn.Module:
+        c = self.cfg
+        G = OptiGANGenerator(c.noise_dim, c.hidden)
+        if c.standardize and self._std is not None:
+            G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
+        if c.init_generator:
+            from .opengate import load_weights_into
+
+            load_weights_into(G, c.init_generator)
+        return G.to(self.device)
+
+    def build_discriminator(self) -> torch.nn.Module:
+        c = self.cfg
+        D = OptiGANCritic(c.critic_dropout)
+        if c.standardize and self._std is not None:
+            s = self._std
+            D.set_standardisation(np.concatenate([s["out_mean"], s["cond_mean"]]).astype(np.float32),
+                                  np.concatenate([s["out_std"], s["cond_std"]]).astype(np.float32))
+        return D.to(self.device)
+
+    # -- one epoch ---------------------------------------------------------------------------------------------
+    def real_batch(self) -> torch.Tensor:
+        """(batch_size, 9) real rows: photon (6) | condition (3), bootstrapped from this rank's rows."""
+        idx = torch.randint(len(self.data), (self.cfg.batch_size,), generator=self.gen, device=self.device)
+        if self.data.device == self.device:
+            return self.data[idx]
+        return self.data[idx.to(self.data.device)].to(self.device, non_blocking=True)
+
+    def synthesize(self, G: torch.nn.Module, real: torch.Tensor) -> torch.Tensor:
+        """(batch_size, 9) generated rows with the real batch's conditions (differentiable w.r.t. G)."""
+        cond = real[:, PHOTON_DIM:]
+        noise = torch.randn((len(real), self.cfg.noise_dim), generator=self.gen, device=self.device)
+        fake = G(torch.cat([noise, cond], dim=1))
+        return torch.cat([fake.float(), cond], dim=1)
+
+    def d_loss(self, D, real, fake) -> torch.Tensor:
+        # under the trainer's train.amp the forwards run in bf16/fp16; the gradient penalty always runs in fp32
+        d_real = D(real).float().mean()
+        d_fake = D(fake).float().mean()
+        scale = D.in_std[:PHOTON_DIM] if isinstance(D, OptiGANCritic) else None
+        gp = gradient_penalty(D, real[:, :PHOTON_DIM], fake[:, :PHOTON_DIM], self.cfg.gp_lambda,
+                              cond=real[:, PHOTON_DIM:], scale=scale, generator=self.gen)
+        self._last = {"w_dist": (d_real - d_fake).detach(), "gp": gp.detach()}
+        return d_fake - d_real + gp
+
+    def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return -D(fake).float().mean(), dict(self._last)
+
+    @property
+    def events_per_epoch(self) -> int:
+        return self.cfg.batch_size
+
+    # -- quality -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, G: torch.nn.Module, conditions: np.ndarray, n_each: int | list[int],
+               seed: int = QUALITY_SEED) -> list[np.ndarray]:
+        """Generated photons, `n_each` per emission point (list of (n_i, 6) float32 arrays), fixed-seed noise."""
+        conditions = np.asarray(conditions, dtype=np.float32).reshape(-1, COND_DIM)
+        counts = [n_each] * len(conditions) if isinstance(n_each, int) else list(n_each)
+        cond = torch.from_numpy(np.repeat(conditions, counts, axis=0))
+        noise = torch.randn((len(cond), self.cfg.noise_dim), generator=torch.Generator().manual_seed(seed))
+        x = torch.cat([noise, cond], dim=1).to(self.device)
+        out = torch.cat([G(chunk).float().cpu() for chunk in x.split(1 << 16)]).numpy()
+        return np.split(out, np.cumsum(counts)[:-1])
+
+    @torch.no_grad()
+    def quality(self, G: torch.nn.Module, n: int | None = None) -> dict[str, Any]:
+        """JS similarity (percent) of G vs MC on the quality points, beside the MC-vs-MC ceiling.
+
+        `n` (the trainer's train.quality_samples) is not used: the sample size is `quality_photons` per point,
+        fixed so that the ceiling stays comparable.
+        """
+        qs = self._quality_set
+        if qs is None:
+            return {}
+        gen = self.sample(G, qs["points"], [len(b) for b in qs["b"]])
+        sim = similarity(gen, qs["a"], self.cfg.js_bins)
+        ceil = qs["ceiling"]
+        return {"js": sim["mean"], "js_ceiling": ceil["mean"], "js_gap": ceil["mean"] - sim["mean"],
+                "js_features": sim["features"], "js_ceiling_features": ceil["features"],
+                "quality_set": qs["kind"], "quality_points": len(qs["points"])}
+
+    def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """The mean over the ranks' generators of their JS similarity (the ceiling is the same on every rank)."""
+        per_rank = [q for q in per_rank if q]
+        if not per_rank:
+            return {}
+        out = dict(per_rank[0])
+        out["js"] = float(np.mean([q["js"] for q in per_rank]))
+        out["js_gap"] = out["js_ceiling"] - out["js"]
+        out["js_features"] = {f: float(np.mean([q["js_features"][f] for q in per_rank])) for f in FEATURES}
+        out["rank_js"] = [q["js"] for q in per_rank]
+        return out
+
+    def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:
+        if not q:
+            return {}
+        return {"JS": f"{q['js']:.1f}%", "MC": f"{q['js_ceiling']:.1f}%"}
+
+    def summary_table(self, q: dict[str, Any]) -> str:
+        if not q:
+            return ""
+        rows = [f"  JS similarity on {q['quality_points']} {q['quality_set']} point(s), percent",
+                "  feature   GAN vs MC   MC vs MC (ceiling)", "  " + "-" * 40]
+        for f in FEATURES:
+            rows.append(f"  {f:8s}  {q['js_features'][f]:9.2f}   {q['js_ceiling_features'][f]:9.2f}")
+        rows.append(f"  mean      {q['js']:9.2f}   {q['js_ceiling']:9.2f}   (gap {q['js_gap']:.2f} points)")
+        return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _safe_std(a: np.ndarray) -> np.ndarray:
+    s = a.std(0, dtype=np.float64)
+    return np.where(s > 1e-6, s, 1.0)
+
+
+def group_by_condition(conds: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(unique emission points (k, 3), row indices of each), points in lexicographic order."""
+    points, inverse = np.unique(np.asarray(conds), axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(points) + 1))
+    return points, [order[bounds[i]:bounds[i + 1]] for i in range(len(points))]

@@ -1,0 +1,160 @@
+"""optiGAN's two networks, laid out exactly as opengate builds them, plus an optional standardisation in buffers.
+
+Generator: input cat(noise[10] ~ N(0, 1), condition[3] = emission point x, y, z in mm) -> Linear 128 -> ReLU ->
+256 -> ReLU -> 512 -> ReLU -> 6 (X, Y, dX, dY, dZ, EKine in raw units), an `nn.Sequential` named `model`
+(state-dict keys model.0, model.2, model.4, model.6), as `opengate/contrib/optical/optigan.py: WGANGenerator`.
+
+Critic: input cat(photon[6], condition[3]) = 9 -> 512 -> LeakyReLU(0.2) -> Dropout -> 256 -> LeakyReLU -> Dropout
+-> 128 -> LeakyReLU -> 1 (keys model.0, model.3, model.6, model.8), the layout of model_3341.pt's critic.
+
+Standardisation. Both modules can hold affine maps in *buffers* (so a state_dict, and so every SAGIPS checkpoint,
+is self-contained): the generator sees (condition - cond_mean) / cond_std and returns out_mean + out_std * model(.),
+the critic sees (input - in_mean) / in_std. Training works in well-scaled units, while the modules' inputs and
+outputs stay in the raw units that opengate uses. opengate applies no scaling, so `fold()` writes the maps into the
+first and last Linear layers (an exact identity up to float rounding) and returns a plain `model.*` state dict;
+`unfold()` is its inverse, used to load a raw-units (opengate) model into a standardised module.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NOISE_DIM = 10  #: opengate's gan_arguments["noise_dimension"]
+COND_DIM = 3  #: labels_length
+PHOTON_DIM = 6  #: output_dimension
+HIDDEN = 128  #: hidden_dimension (layers are 128, 256, 512 wide)
+
+
+def generator_sequential(noise_dim: int = NOISE_DIM, hidden: int = HIDDEN) -> nn.Sequential:
+    """opengate's WGANGenerator.model, layer for layer."""
+    return nn.Sequential(
+        nn.Linear(noise_dim + COND_DIM, hidden), nn.ReLU(),
+        nn.Linear(hidden, 2 * hidden), nn.ReLU(),
+        nn.Linear(2 * hidden, 4 * hidden), nn.ReLU(),
+        nn.Linear(4 * hidden, PHOTON_DIM),
+    )
+
+
+def critic_sequential(dropout: float = 0.0, slope: float = 0.2) -> nn.Sequential:
+    """The critic of model_3341.pt: parameter-free modules at indices 1, 2, 4, 5, 7."""
+    return nn.Sequential(
+        nn.Linear(PHOTON_DIM + COND_DIM, 512), nn.LeakyReLU(slope), nn.Dropout(dropout),
+        nn.Linear(512, 256), nn.LeakyReLU(slope), nn.Dropout(dropout),
+        nn.Linear(256, 128), nn.LeakyReLU(slope),
+        nn.Linear(128, 1),
+    )
+
+
+def _ones(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+class OptiGANGenerator(nn.Module):
+    """x = cat(noise (B, noise_dim), condition (B, 3)) -> photons (B, 6) in raw units."""
+
+    def __init__(self, noise_dim: int = NOISE_DIM, hidden: int = HIDDEN):
+        super().__init__()
+        self.noise_dim = noise_dim
+        self.model = generator_sequential(noise_dim, hidden)
+        self.register_buffer("cond_mean", torch.zeros(COND_DIM))
+        self.register_buffer("cond_std", _ones(COND_DIM))
+        self.register_buffer("out_mean", torch.zeros(PHOTON_DIM))
+        self.register_buffer("out_std", _ones(PHOTON_DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise, cond = x[:, :self.noise_dim], x[:, self.noise_dim:]
+        h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
+        return torch.addcmul(self.out_mean, self.model(h), self.out_std)
+
+    @torch.no_grad()
+    def set_standardisation(self, cond_mean, cond_std, out_mean, out_std) -> None:
+        for name, v in (("cond_mean", cond_mean), ("cond_std", cond_std), ("out_mean", out_mean),
+                        ("out_std", out_std)):
+            getattr(self, name).copy_(torch.as_tensor(v, dtype=torch.float32))
+
+    @torch.no_grad()
+    def fold(self) -> dict[str, torch.Tensor]:
+        """A raw-units `model.*` state dict (opengate's layout) computing the same function as this module."""
+        sd = {k: v.detach().clone().double() for k, v in self.model.state_dict().items()}
+        m, s = self.cond_mean.double(), self.cond_std.double()
+        w0 = sd["0.weight"]
+        wc = w0[:, self.noise_dim:]
+        sd["0.bias"] = sd["0.bias"] - wc @ (m / s)
+        w0[:, self.noise_dim:] = wc / s
+        om, os_ = self.out_mean.double(), self.out_std.double()
+        sd["6.bias"] = os_ * sd["6.bias"] + om
+        sd["6.weight"] = os_[:, None] * sd["6.weight"]
+        return {f"model.{k}": v.float().contiguous() for k, v in sd.items()}
+
+    @torch.no_grad()
+    def unfold(self, raw: dict[str, torch.Tensor]) -> None:
+        """Load a raw-units `model.*` state dict (e.g. opengate's) so that this module computes the same function
+        with its current standardisation buffers."""
+        sd = {k[len("model."):]: v.detach().clone().double() for k, v in raw.items()}
+        m, s = self.cond_mean.double(), self.cond_std.double()
+        w0 = sd["0.weight"]
+        w0[:, self.noise_dim:] = w0[:, self.noise_dim:] * s  # W_c = W'_c * s
+        sd["0.bias"] = sd["0.bias"] + w0[:, self.noise_dim:] @ (m / s)
+        om, os_ = self.out_mean.double(), self.out_std.double()
+        sd["6.weight"] = sd["6.weight"] / os_[:, None]
+        sd["6.bias"] = (sd["6.bias"] - om) / os_
+        self.model.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
+class OptiGANCritic(nn.Module):
+    """x = cat(photons (B, 6), condition (B, 3)) in raw units -> critic value (B, 1)."""
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.model = critic_sequential(dropout)
+        self.register_buffer("in_mean", torch.zeros(PHOTON_DIM + COND_DIM))
+        self.register_buffer("in_std", _ones(PHOTON_DIM + COND_DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model((x - self.in_mean) / self.in_std)
+
+    @torch.no_grad()
+    def set_standardisation(self, in_mean, in_std) -> None:
+        self.in_mean.copy_(torch.as_tensor(in_mean, dtype=torch.float32))
+        self.in_std.copy_(torch.as_tensor(in_std, dtype=torch.float32))
+
+    @torch.no_grad()
+    def fold(self) -> dict[str, torch.Tensor]:
+        sd = {k: v.detach().clone().double() for k, v in self.model.state_dict().items()}
+        m, s = self.in_mean.double(), self.in_std.double()
+        sd["0.bias"] = sd["0.bias"] - sd["0.weight"] @ (m / s)
+        sd["0.weight"] = sd["0.weight"] / s
+        return {f"model.{k}": v.float().contiguous() for k, v in sd.items()}
+
+    @torch.no_grad()
+    def unfold(self, raw: dict[str, torch.Tensor]) -> None:
+        sd = {k[len("model."):]: v.detach().clone().double() for k, v in raw.items()}
+        m, s = self.in_mean.double(), self.in_std.double()
+        sd["0.bias"] = sd["0.bias"] + sd["0.weight"] @ m
+        sd["0.weight"] = sd["0.weight"] * s
+        self.model.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
+def gradient_penalty(critic, real: torch.Tensor, fake: torch.Tensor, lam: float = 10.0,
+                     cond: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """WGAN-GP (Gulrajani et al. 2017): lam * E[(||grad_x D(x_hat)||_2 - 1)^2] on x_hat = eps real + (1-eps) fake.
+
+    `real`, `fake`: (B, k) samples; `cond` (B, c): the conditions, concatenated after x_hat and held fixed (the
+    penalty is on the gradient with respect to the photon only). `scale` (k,): measure the gradient in the
+    coordinates x / scale, i.e. multiply it by scale (the critic's input standard deviations: the penalty is then
+    the one of a critic fed with standardised inputs, as the networks see them). For a linear critic
+    D(x) = w . x the penalty is exactly lam * (|w * scale| - 1)^2.
+    """
+    real, fake = real.detach().float(), fake.detach().float()
+    eps = torch.rand((real.shape[0], 1), generator=generator, device=real.device, dtype=real.dtype)
+    x_hat = torch.lerp(fake, real, eps).requires_grad_(True)
+    inp = x_hat if cond is None else torch.cat([x_hat, cond.float()], dim=1)
+    # float32 even inside the trainer's autocast: the inner gradient of an fp16 pass could underflow, and it is
+    # not covered by the GradScaler's loss scale (the scale applies to the outer backward only)
+    with torch.autocast(real.device.type, enabled=False):
+        out = critic(inp)
+        (grad,) = torch.autograd.grad(out.sum(), x_hat, create_graph=True)
+    if scale is not None:
+        grad = grad * scale
+    return lam * ((grad.norm(2, dim=1) - 1.0) ** 2).mean()

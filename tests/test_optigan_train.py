@@ -1,0 +1,78 @@
+"""A short in-process optiGAN training through the generic trainer, then export of its checkpoint to opengate."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sagips.config import load
+from sagips.environment import get_environment
+from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+from sagips.io.metrics import read_metrics
+from sagips.trainer import Trainer
+
+TINY = ["environment.name=optigan", "environment.photons_per_point=60", "environment.grid_side=2",
+        "environment.grid_depths=2", "environment.heldout_points=2", "environment.heldout_photons=200",
+        "environment.quality_photons=100", "environment.batch_size=64", "train.lr_g=1e-3", "train.lr_d=1e-3",
+        "train.beta2=0.9", "train.log_every=2", "train.checkpoint_every=2", "train.progress=false",
+        "train.threads=1"]
+
+
+def _train(tmp_path, epochs, extra=()):
+    cfg = load(None, TINY + list(extra), {"train.epochs": epochs, "output_dir": str(tmp_path)})
+    env_cls = get_environment(cfg.environment.name)
+    arrays, attrs = env_cls.generate_reference(cfg.environment, cfg.seed)
+    env = env_cls(cfg.environment, "cpu", seed=0)
+    env.attach_data(arrays, attrs, np.random.default_rng(0))
+    torch.manual_seed(0)
+    trainer = Trainer(cfg, env, 0, 1, str(tmp_path))
+    before = [p.detach().clone() for p in trainer.G.parameters()]
+    trainer.fit(progress=False)
+    moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.G.parameters(), before))
+    return trainer, read_metrics(tmp_path / "metrics.jsonl"), moved
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("optigan")
+    return (out, *_train(out, 6))
+
+
+def test_losses_finite_and_generator_moves(run):
+    out, _, metrics, moved = run
+    assert [m["epoch"] for m in metrics] == [1, 2, 4, 6]
+    for m in metrics:
+        for k in ("loss_d", "loss_g", "w_dist", "gp", "js", "js_ceiling"):
+            assert isinstance(m[k], float) and math.isfinite(m[k]), (k, m)
+        assert m["quality_set"] == "heldout" and m["gp"] >= 0
+    assert moved > 1e-4
+    # the checkpoint holds the standardisation buffers: it is self-contained
+    ck = load_checkpoint(list_checkpoints(out)[0][6])
+    assert ck["environment"] == "optigan" and "out_std" in ck["generator"]
+
+
+def test_export_cli_of_a_trained_checkpoint(run, tmp_path, capsys):
+    from sagips_environments.optigan.export import main as export_main
+    from sagips_environments.optigan.opengate import PlainGenerator
+
+    out, trainer, _, _ = run
+    path = list_checkpoints(out)[0][6]
+    dst = tmp_path / "model.pt"
+    assert export_main([str(path), "--format", "opengate", "--out", str(dst)]) == 0
+    assert "critic: trained" in capsys.readouterr().out  # from the run's full state at the same epoch
+    exported = torch.load(dst, map_location="cpu", weights_only=True)
+    for k, v in trainer.D.fold().items():
+        torch.testing.assert_close(exported["discriminator_state_dict"][k], v)
+    assert exported["epoch"] == 6 and math.isfinite(exported["generator_loss"])  # from metrics.jsonl at epoch 6
+    plain = PlainGenerator()
+    plain.load_state_dict(exported["generator_state_dict"])
+    x = torch.cat([torch.randn(512, 10), torch.rand(512, 3)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), trainer.G(x), rtol=1e-4, atol=1e-4)
+    assert export_main([str(dst), "--out", str(tmp_path / "x.pt")]) == 2  # not a SAGIPS checkpoint: a clear error
+
+
+def test_gpu_recipe_switches_run(tmp_path):
+    """The trainer's bf16 autocast (the gradient penalty stays fp32) and host-resident data (on CPU here)."""
+    _, metrics, moved = _train(tmp_path, 2, ["train.amp=bf16", "environment.data_on_device=false"])
+    assert all(math.isfinite(m["loss_d"]) and math.isfinite(m["loss_g"]) for m in metrics) and moved > 0
