@@ -99,6 +99,7 @@ def _figure(path: Path, result: dict, env, G) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
     from sagips_environments.optigan.js import FEATURES
 
     qs = env._quality_set
