@@ -1,0 +1,54 @@
+# shellcheck shell=bash
+# The PBS context of a SAGIPS job, with defaults so that every script also runs outside PBS under DRY_RUN=1.
+# Sourced by launch/polaris/*.pbs after SAGIPS_ROOT is set. Defines:
+#   RANKS_PER_NODE=4, DEPTH=8              one rank per A100; 32 Milan cores / 4 ranks = 8 cores per rank
+#   JOBID, JOBID_SHORT                     $PBS_JOBID (default "dryrun"), and its part before the first dot
+#   WORKDIR                                $PBS_O_WORKDIR (the submit directory; default: SAGIPS_ROOT)
+#   NODEFILE, NNODES                       $PBS_NODEFILE; without one (dry run) a fake list of NODES nodes
+#   sagips_nodes_from_directive FILE       the N of "#PBS -l select=N" in FILE
+#   sagips_die MESSAGE                     print to stderr and exit 1
+#   sagips_check_mode MODE                 die unless MODE is one of sagips.run's --mode choices
+#   sagips_split_args "STRING"             SPLIT_ARGS=(words of STRING), without glob expansion
+
+: "${DRY_RUN:=0}"
+RANKS_PER_NODE=4
+DEPTH=8
+
+sagips_die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
+
+SAGIPS_MODES="ensemble allreduce arar arar-arar rma-arar-arar"   # = sagips.config.MODES
+sagips_check_mode() {
+    [[ " $SAGIPS_MODES " == *" $1 "* ]] || sagips_die "unknown mode '$1' (one of: $SAGIPS_MODES)"
+}
+
+# sagips_split_args "STRING": the words of STRING in the array SPLIT_ARGS (no glob expansion: --set x=[1,2] stays)
+sagips_split_args() {
+    SPLIT_ARGS=()
+    [[ -n "$1" ]] && read -r -a SPLIT_ARGS <<< "$1"
+    return 0
+}
+
+sagips_nodes_from_directive() {
+    sed -n 's/^#PBS -l select=\([0-9][0-9]*\).*/\1/p' "$1" | head -n 1
+}
+
+JOBID=${PBS_JOBID:-dryrun}
+JOBID_SHORT=${JOBID%%.*}
+WORKDIR=${PBS_O_WORKDIR:-$SAGIPS_ROOT}
+
+if [[ -n "${PBS_NODEFILE:-}" && -r "${PBS_NODEFILE}" ]]; then
+    NODEFILE=$PBS_NODEFILE
+elif [[ "$DRY_RUN" == 1 ]]; then
+    # No PBS here: a fake node list of the requested size (NODES, else the script's own select=).
+    : "${NODES:=$(sagips_nodes_from_directive "$0")}"
+    [[ "${NODES:-}" =~ ^[1-9][0-9]*$ ]] || sagips_die "dry run: set NODES=<node count>"
+    NODEFILE=$(mktemp "${TMPDIR:-/tmp}/sagips-nodefile.XXXXXX")
+    trap 'rm -f "$NODEFILE"' EXIT
+    for ((i = 0; i < NODES; i++)); do
+        printf 'x3000c0s%db0n0.hsn.cm.polaris.alcf.anl.gov\n' "$i" >> "$NODEFILE"
+    done
+else
+    sagips_die "not inside a PBS job (no readable PBS_NODEFILE). Submit with qsub, or run with DRY_RUN=1 to see the commands"
+fi
+NNODES=$(sort -u "$NODEFILE" | wc -l)
+NNODES=${NNODES// /}
