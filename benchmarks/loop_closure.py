@@ -87,7 +87,7 @@ def run_training(ranks: int, minutes: float, mode: str, out_dir: Path, extra: li
     wall = time.time() - t0
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     info = json.loads((out_dir / "run.json").read_text())
-    return {"command": " ".join(cmd[2:]), "wall_s": wall, "train_s": max(info["train_seconds"]),
+    return {"command": "mpiexec -n " + str(ranks) + " python " + " ".join(cmd[4:]), "wall_s": wall, "train_s": max(info["train_seconds"]),
             "epoch": [m["epoch"] for m in metrics], "time_s": [m["time_s"] for m in metrics],
             "max_abs_r": [m["max_abs_residual"] for m in metrics], "residuals": [m["residuals"] for m in metrics],
             "final_residuals": metrics[-1]["residuals"], "epochs": info["epochs"], "ranks": ranks, "mode": mode}
