@@ -7,6 +7,7 @@ MPIEXEC = $(shell test -x $(VENV)/bin/mpiexec && echo $(VENV)/bin/mpiexec || com
 TORCH_PIN ?= torch==2.13.0
 NP ?= 4
 OUT ?= runs/quick
+ARGS ?=
 
 .PHONY: run test setup clean test-unit test-mpi
 
@@ -22,7 +23,7 @@ setup: $(VENV)/.installed
 # The main job on the embedded default: 4 ranks posing as 2 nodes x 2 GPUs, mode rma-arar-arar, the quick preset.
 run: setup
 	timeout 3600 $(MPIEXEC) -n $(NP) $(PY) -m sagips.run --config configs/proxy1d-quick.yaml \
-	  --mode rma-arar-arar --set comm.inner_size=2 --output-dir $(OUT) --overwrite
+	  --mode rma-arar-arar --set comm.inner_size=2 --output-dir $(OUT) --overwrite $(ARGS)
 
 test: setup
 	$(PY) tests/run_all.py
