@@ -77,3 +77,4 @@ def sum_over(comm, value: float) -> float:
     v = np.array([value], np.float64)
     _wait(comm, comm.Iallreduce(MPI.IN_PLACE, v, op=MPI.SUM))
     return float(v[0])
+

@@ -6,13 +6,11 @@ arar (up to float rounding); between outer epochs it gives the group mean.
 import numpy as np
 import pytest
 from _helpers import (
-    INNER_SIZES,
     abs_mean_over,
     all_true,
     barrier,
     close_to,
     identical_on_all,
-    inner_size_or_skip,
     mean_over,
     rank_buffer,
     sum_over,
@@ -20,19 +18,8 @@ from _helpers import (
 from mpi4py import MPI
 
 from sagips.comm.modes import MODES, build_exchange
-from sagips.comm.topology import build_topology
 
 N_FLOATS = 51206
-
-
-@pytest.fixture(params=INNER_SIZES, ids=lambda p: f"inner{p}")
-def topo(request):
-    size = inner_size_or_skip(request.param)
-    if size is None:
-        pytest.skip("inner size larger than the world")
-    t = build_topology(MPI.COMM_WORLD, size)
-    yield t
-    t.free()
 
 
 def _run(mode, topo, epoch, ring="whole", **kw):

@@ -7,31 +7,18 @@ Every ring is checked against MPI's own Allreduce, on the inner groups of inner 
 import numpy as np
 import pytest
 from _helpers import (
-    INNER_SIZES,
     abs_mean_over,
     all_true,
     close_to,
     identical_on_all,
-    inner_size_or_skip,
     mean_over,
     rank_buffer,
 )
 from mpi4py import MPI
 
 from sagips.comm.ring import Ring
-from sagips.comm.topology import build_topology
 
 SIZES = (1, 7, 51206)
-
-
-@pytest.fixture(params=INNER_SIZES, ids=lambda p: f"inner{p}")
-def topo(request):
-    size = inner_size_or_skip(request.param)
-    if size is None:
-        pytest.skip("inner size larger than the world")
-    t = build_topology(MPI.COMM_WORLD, size)
-    yield t
-    t.free()
 
 
 @pytest.mark.mpi(min_size=1)
