@@ -1,10 +1,13 @@
 """Launch a command under mpiexec from a single-process test, always with a timeout (a hang fails the test)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +38,25 @@ def run_py(args: list[str], timeout: float = 120, env: dict | None = None) -> su
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def job_with_state(n: int, args: list[str], out, min_epoch: int = 2, timeout: float = 150):
+    """Start `mpiexec -n n python <args>` in its own session and yield the Popen once out/state/latest.json names an
+    epoch >= min_epoch. On exit, whatever is left of the job is killed (no test leaves processes behind)."""
+    from sagips.io.state import read_latest
+
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([mpiexec(), "-n", str(n), sys.executable, *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while not (read_latest(out) or {}).get("epoch", 0) >= min_epoch:
+            assert p.poll() is None, f"the run ended before a state existed: {p.stderr.read()[-2000:]}"
+            assert time.time() - t0 < timeout, "no state written in time"
+            time.sleep(0.05)
+        yield p
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,8 +13,7 @@ import pytest
 import torch
 
 from sagips.io.checkpoint import load_checkpoint
-from sagips.io.state import read_latest
-from tests._mpirun import ROOT, mpiexec, run_mpi
+from tests._mpirun import job_with_state, run_mpi
 
 RUN = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", "400",
        "--set", "environment.reference_events=20000", "--set", "environment.param_samples=16",
@@ -45,15 +42,7 @@ def rank_pids(out_dir: str) -> dict[int, int]:
 @pytest.mark.parametrize("mode", ["rma-arar-arar"])
 def test_kill_one_rank_tears_down_the_job_and_the_run_resumes(tmp_path, mode):
     out = str(tmp_path / "run")
-    cmd = [mpiexec(), "-n", "4", sys.executable, *RUN, "--mode", mode, "--output-dir", out]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        t0 = time.time()
-        while not (read_latest(out) or {}).get("epoch", 0) >= 2:
-            assert p.poll() is None, f"the run ended early: {p.stderr.read()[-2000:]}"
-            assert time.time() - t0 < 150, "no state written in time"
-            time.sleep(0.1)
+    with job_with_state(4, [*RUN, "--mode", mode, "--output-dir", out], out) as p:
         pids = rank_pids(out)
         assert sorted(pids) == [0, 1, 2, 3]
         os.kill(pids[2], signal.SIGKILL)
@@ -61,10 +50,6 @@ def test_kill_one_rank_tears_down_the_job_and_the_run_resumes(tmp_path, mode):
         out_s, err = p.communicate(timeout=60)  # the job must end on its own within 60 s
         err = out_s + err
         teardown = time.time() - t_kill
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
     assert p.returncode != 0
     # mpiexec (hydra) reports the bad termination with a PID of the job; run.json maps PIDs to ranks. (Hydra names
     # the first rank it finds with a bad status after its own cleanup, not always the one that died first.)

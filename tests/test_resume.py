@@ -1,10 +1,5 @@
 """Resume after a kill: the resumed run ends bit-identical to an uninterrupted run (deterministic modes on CPU)."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -12,7 +7,7 @@ import torch
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
 from sagips.io.metrics import read_metrics
 from sagips.io.state import read_latest
-from tests._mpirun import ROOT, mpiexec, run_mpi
+from tests._mpirun import job_with_state, run_mpi
 
 EPOCHS = 8
 ARGS = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", str(EPOCHS),
@@ -30,25 +25,10 @@ def final_generators(out):
 def kill_mid_run(out, mode, min_epoch=2, timeout=150):
     """Start a 2-rank run and SIGKILL the whole job as soon as a state of epoch >= min_epoch exists."""
     # the straggler knob slows every epoch (a sleep: no effect on the numbers) so that the kill lands mid-run
-    cmd = [mpiexec(), "-n", "2", sys.executable, *ARGS, "--mode", mode, "--output-dir", str(out),
-           "--set", "pipeline.delay_s=0.3", "--set", "pipeline.delay_ranks=[0,1]"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
-    t0 = time.time()
-    try:
-        while time.time() - t0 < timeout:
-            latest = read_latest(out)
-            if latest and latest["epoch"] >= min_epoch:
-                break
-            if p.poll() is not None:
-                raise AssertionError(f"run ended before it could be killed: {p.stderr.read().decode()[-2000:]}")
-            time.sleep(0.05)
-        else:
-            raise AssertionError("no state was written in time")
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=30)
+    args = [*ARGS, "--mode", mode, "--output-dir", str(out),
+            "--set", "pipeline.delay_s=0.3", "--set", "pipeline.delay_ranks=[0,1]"]
+    with job_with_state(2, args, out, min_epoch, timeout):
+        pass  # leaving the block SIGKILLs the whole job
     return read_latest(out)["epoch"]
 
 

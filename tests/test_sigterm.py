@@ -16,17 +16,14 @@ ones in its next exchange until the watchdog (comm.timeout_s) aborts the job; th
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from sagips.io.metrics import read_metrics
-from sagips.io.state import read_latest, resume_epoch, state_epochs
-from tests._mpirun import ROOT, mpiexec, run_mpi
+from sagips.io.state import resume_epoch, state_epochs
+from tests._mpirun import job_with_state, run_mpi
 from tests.test_faults import rank_pids
 from tests.test_resume import ARGS, EPOCHS, final_generators
 
@@ -45,15 +42,7 @@ def reference(tmp_path_factory):
 
 def term_mid_run(out: Path, target: str, min_epoch: int = 2, timeout: float = 150) -> tuple[int, str]:
     """Start the slowed 2-rank run, SIGTERM it once a state of epoch >= min_epoch exists; (mpiexec status, stderr)."""
-    cmd = [mpiexec(), "-n", "2", sys.executable, *ARGS, "--mode", MODE, "--output-dir", str(out), *SLOW]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        t0 = time.time()
-        while not (read_latest(out) or {}).get("epoch", 0) >= min_epoch:
-            assert p.poll() is None, f"the run ended before the signal: {p.stderr.read()[-2000:]}"
-            assert time.time() - t0 < timeout, "no state written in time"
-            time.sleep(0.05)
+    with job_with_state(2, [*ARGS, "--mode", MODE, "--output-dir", str(out), *SLOW], out, min_epoch, timeout) as p:
         if target == "ranks":
             pids = rank_pids(str(out))
             assert sorted(pids) == [0, 1], pids
@@ -62,10 +51,6 @@ def term_mid_run(out: Path, target: str, min_epoch: int = 2, timeout: float = 15
         else:
             os.kill(p.pid, signal.SIGTERM)  # mpiexec itself (hydra forwards it to the ranks)
         so, se = p.communicate(timeout=60)  # each rank finishes one epoch (~0.3 s), saves, exits
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
     return p.returncode, so + se
 
 
@@ -101,22 +86,10 @@ def test_sigterm_to_one_rank_of_a_synchronous_mode_is_caught_by_the_watchdog(tmp
     ranks. Those save and exit 143; the others wait for them in the next exchange until the watchdog
     (comm.timeout_s) aborts the job naming the rank that left. A complete state for every rank remains."""
     out = tmp_path / "cut"
-    cmd = [mpiexec(), "-n", "2", sys.executable, *ARGS, "--mode", "allreduce", "--output-dir", str(out), *SLOW,
-           "--set", "comm.timeout_s=3"]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        t0 = time.time()
-        while not (read_latest(out) or {}).get("epoch", 0) >= 2:
-            assert p.poll() is None, f"the run ended before the signal: {p.stderr.read()[-2000:]}"
-            assert time.time() - t0 < 150, "no state written in time"
-            time.sleep(0.05)
+    args = [*ARGS, "--mode", "allreduce", "--output-dir", str(out), *SLOW, "--set", "comm.timeout_s=3"]
+    with job_with_state(2, args, out) as p:
         os.kill(rank_pids(str(out))[1], signal.SIGTERM)
         so, se = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=30)
     log = so + se
     m = re.search(r"rank 1: stopped by a signal after epoch (\d+)", log)
     assert m, log[-2000:]
