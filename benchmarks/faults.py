@@ -77,15 +77,19 @@ def proc_table() -> list[dict]:
         if fields[0] == "Z":
             continue  # a zombie is dead; its parent just has not reaped it yet
         rank = next((int(e[9:]) for e in env if e.startswith(b"PMI_RANK=")), None)
-        out.append({"pid": int(d.name), "sid": int(fields[3]), "cmd": cmd.replace(b"\0", b" ").decode(errors="replace"),
-                    "rank": rank})
+        out.append({"pid": int(d.name), "ppid": int(fields[1]), "sid": int(fields[3]),
+                    "cmd": cmd.replace(b"\0", b" ").decode(errors="replace"), "rank": rank})
     return out
 
 
 def rank_pids(out_dir: Path) -> dict[int, int]:
-    """{MPI rank: pid} of the sagips.run processes writing into out_dir."""
-    return {p["rank"]: p["pid"] for p in proc_table()
-            if p["rank"] is not None and "sagips.run" in p["cmd"] and str(out_dir) in p["cmd"]}
+    """{MPI rank: pid of its worker} of the sagips.run processes writing into out_dir.
+
+    Each rank is the launched process (the supervisor, sagips.supervise) and its forked child, the worker.
+    """
+    procs = [p for p in proc_table() if p["rank"] is not None and "sagips.run" in p["cmd"] and str(out_dir) in p["cmd"]]
+    launched = {p["pid"] for p in procs}
+    return {p["rank"]: p["pid"] for p in procs if p["ppid"] in launched}
 
 
 def check_files(out_dir: Path) -> dict:
@@ -171,7 +175,9 @@ def one_kill(i: int, rng: random.Random, args, workdir: Path) -> dict:
         pid_to_rank = {proc["pid"]: proc["rank"] for proc in info["processes"]}
         named = [int(m) for m in re.findall(r"PID (\d+)", log)]
         codes = [int(c) for m in re.findall(r"Exit codes: \[[^\]]*\] ([\d,]+)", log) for c in m.split(",")]
-        rec.update(named_pids=named, named_ranks=[pid_to_rank.get(n) for n in named],
+        by_sagips = [(int(r), int(q)) for r, q in re.findall(r"sagips: rank (\d+) \(pid (\d+) on ", log)]
+        rec.update(sagips_named=by_sagips, sagips_named_the_victim=by_sagips == [(victim, pids[victim])],
+                   named_pids=named, named_ranks=[pid_to_rank.get(n) for n in named],
                    pid_maps_to_rank=victim in [pid_to_rank.get(n) for n in named],
                    exit_codes=codes,  # by rank (one host); hydra's cleanup SIGKILLs the others: some show 9 too
                    identifiable_by_exit_codes=len(codes) == RANKS and [i for i, c in enumerate(codes) if c] == [victim],
@@ -234,6 +240,7 @@ def summarize(kills: list[dict]) -> dict:
         "teardown_s": {"median": round(statistics.median(tear), 2) if tear else None,
                        "max": round(max(tear), 2) if tear else None, "hung": sum(k["hung"] for k in done)},
         "runs_with_orphans": sum(bool(k["orphans"]) for k in done),
+        "sagips_named_the_victim": sum(k["sagips_named_the_victim"] for k in done),
         "pid_maps_to_killed_rank": sum(k["pid_maps_to_rank"] for k in done),
         "identifiable_by_exit_codes": sum(k["identifiable_by_exit_codes"] for k in done),
         "pt_files_checked": sum(k["files"]["pt_files"] for k in done),
@@ -255,12 +262,13 @@ def write_report(out: Path, command: str, args, kills: list[dict], summary: dict
     rows = []
     for k in kills:
         if "teardown_s" not in k:
-            rows.append(f"| {k['kill']} | error: {k.get('error', '?')[:80]} | | | | | | |")
+            rows.append(f"| {k['kill']} | error: {k.get('error', '?')[:80]} | | | | | | | |")
             continue
         res = k.get("resume")
         rows.append(f"| {k['kill']} | {k['killed_rank']} | {k['latest_at_kill']} | "
                     f"{'HUNG' if k['hung'] else k['teardown_s']} | {len(k['orphans'])} | "
-                    f"{'yes' if k['pid_maps_to_rank'] else 'NO'} | {len(k['files']['unreadable'])} / "
+                    f"{'yes' if k['sagips_named_the_victim'] else 'NO'} | "
+                    f"{'yes' if k['pid_maps_to_rank'] else 'no'} | {len(k['files']['unreadable'])} / "
                     f"{k['files']['pt_files']} | {k['resume_epoch']} | "
                     f"{'-' if res is None else ('completed' if res['completed'] else 'FAILED')} |")
     measures = [
@@ -269,15 +277,18 @@ def write_report(out: Path, command: str, args, kills: list[dict], summary: dict
          "seconds"),
         (f"jobs still running after {args.teardown_timeout} s (hung)", s["teardown_s"]["hung"], 0),
         ("runs with orphan processes 1 s after mpiexec exit", s["runs_with_orphans"], 0),
-        ('the PID in mpiexec\'s message maps to the killed rank (run.json "processes")',
+        ("the one `sagips: rank R (pid P ...) was killed by signal 9` line names the killed rank",
+         f"{s['sagips_named_the_victim']} of {n}", "all"),
+        ('the PID in mpiexec\'s own banner maps to the killed rank (run.json "processes")',
          f"{s['pid_maps_to_killed_rank']} of {n}", "see note"),
         ("only the killed rank has a non-zero exit code (hydra `-print-all-exitcodes`)",
          f"{s['identifiable_by_exit_codes']} of {n}", "see note"),
         ("unreadable checkpoint/state files (`torch.load(weights_only=True)`)",
          f"{s['unreadable_pt_files']} of {s['pt_files_checked']}", 0),
         ("unreadable run.json / latest.json, torn metrics lines not at the end", s["unreadable_json"], 0),
-        ("torn last line of metrics.jsonl (skipped on read, cut on resume)", s["torn_metrics_lines"], "any"),
-        ("leftover temporary files of interrupted atomic writes", s["leftover_tmp_files"], "any (hidden `.*.tmp`)"),
+        ("torn lines in metrics.jsonl (every record is an atomic rewrite)", s["torn_metrics_lines"], 0),
+        ("leftover temporary files of interrupted atomic writes", s["leftover_tmp_files"],
+         "any (hidden `.*.tmp`; `--resume` removes them)"),
         ("a complete state exists for every rank (resumable)", f"{s['resumable']} of {n}", "all"),
         (f"`--resume` completed (kills 0, {args.resume_every}, {2 * args.resume_every}, ...)",
          f"{s['resumes_completed']} of {s['resumes']}", "all"),
@@ -298,12 +309,13 @@ docs/reliability.md.
 
 Note: hydra's "BAD TERMINATION" banner names the lowest rank whose exit status is non-zero once its cleanup has
 SIGKILLed the others, and the cleanup's victims often show status 9 as well; so neither the banner nor the exit codes
-reliably name a rank that died of SIGKILL (e.g. the OOM killer). A PID from the kernel's log (dmesg) or the batch
-system's, mapped through run.json "processes", does. See docs/reliability.md.
+reliably name a rank that died of SIGKILL (e.g. the OOM killer). That is why each rank runs under a supervisor
+(`sagips/supervise.py`): the launched process forks the worker, waits for it, and when the worker dies by a signal
+prints the one line that names its rank, pid and host before the launcher's teardown. See docs/reliability.md.
 
-| kill | rank | latest state at kill | teardown [s] | orphans | PID -> rank | unreadable / .pt files | resume epoch \
-| resume |
-|---|---|---|---|---|---|---|---|---|
+| kill | rank | latest state at kill | teardown [s] | orphans | sagips names it | hydra PID -> rank \
+| unreadable / .pt files | resume epoch | resume |
+|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 """)
 

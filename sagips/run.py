@@ -22,7 +22,7 @@ import traceback
 
 import sagips.comm  # noqa: F401  (sets the MPI thread level before mpi4py.MPI is imported)
 from sagips.config import MODES, ConfigError, config_to_dict, describe, load
-from sagips.io.refdata import DataError
+from sagips.supervise import is_supervised
 
 EXIT_USAGE = 2
 
@@ -153,16 +153,22 @@ def clear_run(out_dir: str) -> None:
             pass
 
 
-def main(argv=None) -> int:
+def main(argv=None, peer: str | None = None) -> int:
     args = parse_args(argv)
     if args.help_config:
         print_config_help()
         return 0
+    if argv is None:  # a command line (not a call from Python): under a launcher, name this rank if it dies
+        from sagips.supervise import supervise
+
+        supervise()  # before numpy, torch and MPI are loaded
     from mpi4py import MPI
+
+    from sagips.io.refdata import DataError
 
     world = MPI.COMM_WORLD
     try:
-        return _main(args, world)
+        return _main(args, world, peer)
     except (ConfigError, DataError) as e:
         if world.rank == 0:
             print(f"sagips: error: {e}", file=sys.stderr, flush=True)
@@ -176,7 +182,8 @@ def main(argv=None) -> int:
         return 1
 
 
-def _main(args: argparse.Namespace, world) -> int:
+def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
+    """peer="ddp": the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see sagips/ddp.py)."""
     from mpi4py import MPI
 
     flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
@@ -205,6 +212,13 @@ def _main(args: argparse.Namespace, world) -> int:
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
+    if prev_run is not None and comm.rank == 0:
+        from sagips.io.atomic import remove_stale_temps
+
+        stale = remove_stale_temps(out_dir)  # half-written files of the killed run (the targets are intact)
+        if stale:
+            print(f"sagips: --resume removed {len(stale)} temporary file(s) left by an interrupted write",
+                  file=sys.stderr, flush=True)
     world.Barrier()
 
     # ---- host-local layout: device and threads
@@ -240,7 +254,7 @@ def _main(args: argparse.Namespace, world) -> int:
 
     # ---- the exchange: topology and mode
     topo = exchange = None
-    if cfg.mode != "ensemble":
+    if cfg.mode != "ensemble" and peer is None:
         from sagips.comm.modes import build_exchange
         from sagips.comm.topology import build_topology
 
@@ -256,6 +270,10 @@ def _main(args: argparse.Namespace, world) -> int:
 
     trainer = Trainer(cfg, env, comm.rank, comm.size, out_dir, exchange=None, gather_quality=gather_quality,
                       is_root=is_root)
+    if peer == "ddp":
+        from sagips.ddp import wrap_generator
+
+        trainer.G = wrap_generator(comm, trainer.G, device)  # DDP broadcasts rank 0's weights at construction
     if topo is not None:
         broadcast_module(comm, trainer.G)  # replicas start identical
         exchange = build_exchange(cfg.mode, topo, trainer.grads.n, ring=cfg.comm.ring,
@@ -265,16 +283,19 @@ def _main(args: argparse.Namespace, world) -> int:
 
     run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
-        "environment": cfg.environment.name, "mode": cfg.mode,
+        "environment": cfg.environment.name, "mode": f"ddp-{trainer.G.backend}" if peer == "ddp" else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
         "config": config_to_dict(cfg), "truth": env.truth(), "events_per_epoch": env.events_per_epoch,
         "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
-        "exchanged_floats": trainer.grads.n if topo is not None else 0,
+        "exchanged_floats": (trainer.grads.n if topo is not None else
+                             sum(p.numel() for p in trainer.G.parameters()) if peer == "ddp" else 0),
         "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
         "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
         # rank -> host/pid: mpiexec, the OOM killer and system logs name processes by PID; this maps them to ranks
-        "processes": [{"rank": r, "host": h, "pid": pid} for r, (h, pid) in
-                      enumerate(comm.allgather((socket.gethostname(), os.getpid())))],
+        # (supervisor_pid: the launched process that watches this rank's process, see sagips.supervise)
+        "processes": [{"rank": r, "host": h, "pid": pid, "supervisor_pid": sup} for r, (h, pid, sup) in
+                      enumerate(comm.allgather((socket.gethostname(), os.getpid(),
+                                                os.getppid() if is_supervised() else None)))],
         "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
     }
     if prev_run is not None:
@@ -313,6 +334,10 @@ def _main(args: argparse.Namespace, world) -> int:
             exchange.free()
         if topo is not None:
             topo.free()
+        if peer == "ddp":
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     if stopped is not None:
         print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
@@ -326,7 +351,7 @@ def _main(args: argparse.Namespace, world) -> int:
                         wall_seconds=walls, exchange_stats=stats, final_quality=trainer.last_quality)
         write_run_json(out_dir, run_info)
         table = env.summary_table(trainer.last_quality) if trainer.last_quality else ""
-        print(f"\nsagips: {cfg.mode} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s of "
+        print(f"\nsagips: {run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s of "
               f"training; outputs in {out_dir}", flush=True)
         if table:
             print(table, flush=True)

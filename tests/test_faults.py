@@ -21,22 +21,32 @@ RUN = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progr
        "--set", "train.state_every=2", "--set", "train.checkpoint_every=50", "--set", "train.quality_samples=16"]
 
 
-def rank_pids(out_dir: str) -> dict[int, int]:
-    """{MPI rank: pid} of the sagips.run processes writing into out_dir (found through /proc)."""
-    found = {}
+def job_processes(out_dir: str) -> list[tuple[int, int, bool]]:
+    """(MPI rank, pid, is_worker) of every sagips.run process writing into out_dir (found through /proc).
+
+    Under a launcher each rank is two processes (sagips.supervise): the launched one, and its child, the worker,
+    which does the work and whose pid run.json records.
+    """
+    procs = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             cmd = (d / "cmdline").read_bytes()
             env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
         if b"sagips.run" in cmd and out_dir.encode() in cmd:
-            for e in env:
-                if e.startswith(b"PMI_RANK="):
-                    found[int(e[len(b"PMI_RANK="):])] = int(d.name)
-    return found
+            rank = next((int(e[9:]) for e in env if e.startswith(b"PMI_RANK=")), None)
+            if rank is not None:
+                procs[int(d.name)] = (rank, ppid)
+    return [(rank, pid, ppid in procs) for pid, (rank, ppid) in procs.items()]
+
+
+def rank_pids(out_dir: str) -> dict[int, int]:
+    """{MPI rank: pid of its worker process}."""
+    return {rank: pid for rank, pid, worker in job_processes(out_dir) if worker}
 
 
 @pytest.mark.parametrize("mode", ["rma-arar-arar"])
@@ -51,15 +61,14 @@ def test_kill_one_rank_tears_down_the_job_and_the_run_resumes(tmp_path, mode):
         err = out_s + err
         teardown = time.time() - t_kill
     assert p.returncode != 0
-    # mpiexec (hydra) reports the bad termination with a PID of the job; run.json maps PIDs to ranks. (Hydra names
-    # the first rank it finds with a bad status after its own cleanup, not always the one that died first.)
-    assert "BAD TERMINATION" in err, f"exit {p.returncode}: {err[-2000:]}"
+    # the lost rank is named by its supervisor, with the pid that run.json maps to it
+    assert f"sagips: rank 2 (pid {pids[2]} on " in err and "killed by signal 9 (SIGKILL" in err, \
+        f"exit {p.returncode}: {err[-2000:]}"
     info = json.loads((Path(out) / "run.json").read_text())
-    pid_to_rank = {proc["pid"]: proc["rank"] for proc in info["processes"]}
-    named = [pid_to_rank.get(int(m)) for m in re.findall(r"PID (\d+)", err)]
-    assert named and all(r is not None for r in named), err[-2000:]
+    assert {proc["rank"]: proc["pid"] for proc in info["processes"]} == pids
+    assert len(re.findall(r"sagips: rank \d+ \(pid", err)) == 1  # only the lost rank is named
     time.sleep(1)
-    assert rank_pids(out) == {}, "orphan ranks survived the teardown"
+    assert job_processes(out) == [], "orphan processes survived the teardown"
     assert teardown < 60
     # nothing lost beyond the last state: the run resumes and completes
     r = run_mpi(4, ["-m", "sagips.run", "--resume", "--output-dir", out, "--no-progress", "--epochs", "12"],

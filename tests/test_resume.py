@@ -40,8 +40,11 @@ def test_resume_after_kill_is_bit_identical(tmp_path, mode):
     cut = tmp_path / "cut"
     killed_at = kill_mid_run(cut, mode)
     assert killed_at < EPOCHS
+    torn = cut / "checkpoints" / "rank0001" / ".epoch0000099.pt.a1b2c3.tmp"  # what a kill mid-write leaves
+    torn.write_bytes(b"half a checkpoint")
     r = run_mpi(2, ["-m", "sagips.run", "--resume", "--output-dir", str(cut), "--no-progress"], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not torn.exists() and "removed 1 temporary file" in r.stderr
     a, b = final_generators(ref), final_generators(cut)
     assert sorted(a) == sorted(b) == [0, 1]
     for rank in a:

@@ -48,3 +48,19 @@ def _fsync_dir(directory: str) -> None:
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_open(path, "w") as fh:
         fh.write(text)
+
+
+def remove_stale_temps(root: str | os.PathLike) -> list[str]:
+    """Delete the temporary files that a kill mid-write left under `root` (`.NAME.XXXXXXXX.tmp`).
+
+    Call it only when no process writes into `root` (e.g. on --resume, before training starts).
+    """
+    removed = []
+    for directory, _, files in os.walk(root):
+        for f in files:
+            if f.startswith(".") and f.endswith(".tmp"):
+                path = os.path.join(directory, f)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                    removed.append(path)
+    return removed

@@ -1,0 +1,82 @@
+"""sagips.supervise: under a launcher the rank's work runs in a child; its parent names the rank when it dies."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sagips.supervise import death_message
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the supervisor is Linux-only")
+
+RANK = """
+import os, signal, sys, time
+from sagips.supervise import supervise
+supervise()
+def stop(signum, frame):
+    print("worker got", signum, flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print(os.getpid(), os.getppid(), flush=True)
+time.sleep(60)
+"""
+
+
+def start(**env):
+    p = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PMI_RANK": "3", **env})
+    worker, parent = map(int, p.stdout.readline().split())
+    return p, worker, parent
+
+
+def gone(pid, wait=5.0):
+    end = time.time() + wait
+    while time.time() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # reap it if it is our zombie
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_worker_is_named_and_its_parent_dies_the_same_way():
+    p, worker, parent = start()
+    assert parent == p.pid and worker != p.pid  # the launched process watches a forked worker
+    os.kill(worker, signal.SIGKILL)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGKILL  # what the launcher would have seen without the supervisor
+    assert err.strip() == death_message(3, worker, os.uname().nodename, signal.SIGKILL)
+    assert "rank 3 (pid" in err and "SIGKILL: kill -9 or the out-of-memory killer" in err and "--resume" in err
+
+
+def test_sigterm_to_the_launched_process_reaches_the_worker():
+    p, worker, _ = start()
+    p.send_signal(signal.SIGTERM)  # what mpiexec/PBS do
+    out, err = p.communicate(timeout=30)
+    assert "worker got 15" in out and p.returncode == 143 and "killed by signal" not in err
+
+
+def test_killing_the_launched_process_takes_the_worker_with_it():
+    p, worker, _ = start()
+    p.kill()  # the launcher's teardown of a survivor
+    p.wait(timeout=30)
+    assert gone(worker), "the worker outlived its parent (an orphan)"
+
+
+def test_opt_out_and_no_launcher_run_in_place():
+    p, worker, _ = start(SAGIPS_SUPERVISOR="0")
+    assert worker == p.pid
+    p.kill()
+    p.wait(timeout=30)
+    env = {k: v for k, v in os.environ.items() if k != "PMI_RANK"}
+    q = subprocess.Popen([sys.executable, "-c", "from sagips.supervise import supervise; import os; supervise(); "
+                          "print(os.getpid())"], stdout=subprocess.PIPE, text=True, env=env)
+    out, _ = q.communicate(timeout=30)
+    assert q.returncode == 0 and int(out) == q.pid  # no launcher: no fork
