@@ -90,6 +90,7 @@ def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers) -> None:
     sys.stderr.write(f"sagips: rank {me} waited {waited_s:.1f} s in {what} (epoch {epoch}) for {who}; "
                      f"aborting the job (comm.timeout_s={timeout_s:g})\n")
     sys.stderr.flush()
+    time.sleep(0.5)  # let the launcher forward the line before MPI_Abort tears everything down
     MPI.COMM_WORLD.Abort(ABORT_CODE)
 
 
