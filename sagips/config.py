@@ -66,6 +66,8 @@ class TrainConfig:
                    "with a GradScaler), 'auto' (fp16 on CUDA, none on CPU); the pipeline always runs in float32",
                    choices=("none", "bf16", "fp16", "auto"))
     fused_adam: bool = opt(True, "use the fused Adam kernel where torch supports it (CUDA)")
+    profile: bool = opt(False, "named profiler ranges (sagips/epoch, critic, generator, data, exchange, log): NVTX on "
+                        "CUDA (for nsys) and torch.profiler.record_function everywhere; off = no cost")
 
 
 @dataclass

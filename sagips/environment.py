@@ -94,6 +94,15 @@ class Environment(abc.ABC):
         """The run's quality from every rank's (e.g. the prediction averaged over the ranks' generators)."""
         return per_rank[0]
 
+    # -- resume ---------------------------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """State beside `gen` that --resume must restore (e.g. a data loader's position); {} = none."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what `extra_state` returned (called after `gen` and the data subset are restored)."""
+        return None
+
     def truth(self) -> list[float] | None:
         """The true parameters, if the environment has them (loop-closure tests)."""
         return None

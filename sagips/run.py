@@ -53,6 +53,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--overwrite", action="store_true", help="replace a previous run in --output-dir (without it, "
                    "an output directory that holds a run is refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (train.progress=false)")
+    p.add_argument("--profile", action="store_true", help="named profiler ranges around the epoch, critic step, "
+                   "generator step, data and exchange (train.profile=true): NVTX on CUDA, e.g. under "
+                   "`nsys profile -t cuda,nvtx`, and torch.profiler.record_function on every device")
     p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit")
     return p.parse_args(argv)
 
@@ -178,6 +181,7 @@ def main(argv=None, peer: str | None = None) -> int:
         sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
         if world.size > 1:
+            time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
             world.Abort(1)
         return 1
 
@@ -190,6 +194,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
              "ensemble.members": args.ensemble_size}
     if args.no_progress:
         flags["train.progress"] = False
+    if args.profile:
+        flags["train.profile"] = True
     base = saved_config(args.output_dir) if (args.resume and not args.config) else None
     cfg = load(args.config, args.set, flags, base=base)  # every rank validates the same input: same error everywhere
 
@@ -235,6 +241,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
 
     device = select_device(cfg.train.device, local_rank)
     threads = set_threads(cfg.train.threads, local_size)
+    if device.type == "cpu":  # reuse freed activation memory instead of faulting in fresh pages every step
+        from sagips.perf import retain_freed_memory
+
+        retain_freed_memory()
     env_cls = get_environment(cfg.environment.name)
     torch_seed, np_seed = rank_seeds(cfg.seed, member, comm.rank)
     torch.manual_seed(torch_seed)

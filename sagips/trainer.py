@@ -21,6 +21,7 @@ from sagips.config import Config
 from sagips.environment import Environment
 from sagips.io.checkpoint import save_checkpoint
 from sagips.io.metrics import MetricsWriter
+from sagips.profiling import CRITIC, DATA, EPOCH, EXCHANGE, GENERATOR, LOG, Ranges
 
 Exchange = Callable[[np.ndarray, int], dict]
 
@@ -108,6 +109,7 @@ class Trainer:
         self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
+        self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
 
     # ------------------------------------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
@@ -121,6 +123,7 @@ class Trainer:
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
             "subset_idx": torch.as_tensor(getattr(self.env, "subset_idx", np.zeros(0, dtype=np.int64))),
+            "env_state": self.env.extra_state(),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -140,6 +143,7 @@ class Trainer:
         saved_idx = sd["subset_idx"].numpy()
         if saved_idx.size and not np.array_equal(saved_idx, getattr(self.env, "subset_idx", saved_idx)):
             self.env.select_subset(saved_idx)
+        self.env.load_extra_state(sd.get("env_state", {}))
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
 
     def save_state(self) -> None:
@@ -155,45 +159,59 @@ class Trainer:
                               enabled=self.amp_dtype is not None)
 
     def step(self, epoch: int) -> dict[str, float]:
-        env, G, D = self.env, self.G, self.D
+        env, G, D, rng = self.env, self.G, self.D, self.ranges
         bad_d = 0
         for _ in range(env.n_critic):
-            real = env.real_batch()
-            with torch.no_grad():
-                fake = env.synthesize(G, real)
-            with self._autocast():
-                loss_d = env.d_loss(D, real, fake)
-            self.opt_d.zero_grad(set_to_none=True)
-            if not torch.isfinite(loss_d):  # never let a non-finite loss reach the discriminator's weights
-                bad_d += 1
-                continue
-            self.scaler_d.scale(loss_d).backward()
-            self.scaler_d.step(self.opt_d)
-            self.scaler_d.update()
-        real = env.real_batch()
-        fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
-        if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
-            time.sleep(self.delay_s)
-        with self._autocast():
-            loss_g, extras = env.g_loss(D, real, fake)
-        self.grads.zero_()
-        self.scaler_g.scale(loss_g).backward()
-        self.scaler_g.unscale_(self.opt_g)  # exchange true gradients: every rank has its own loss scale
-        # A NaN/Inf gradient must not poison the other ranks through the exchange: this rank then contributes
-        # zeros with weight 0 (dropped from the mean) and still takes part, so that nobody waits for it.
-        finite = self.grads.is_finite()
-        if not finite:
+            with rng(CRITIC):
+                with rng(DATA):
+                    real = env.real_batch()
+                with torch.no_grad():
+                    fake = env.synthesize(G, real)
+                with self._autocast():
+                    loss_d = env.d_loss(D, real, fake)
+                self.opt_d.zero_grad(set_to_none=True)
+                if not torch.isfinite(loss_d):  # never let a non-finite loss reach the discriminator's weights
+                    bad_d += 1
+                    continue
+                self.scaler_d.scale(loss_d).backward()
+                self.scaler_d.step(self.opt_d)
+                self.scaler_d.update()
+        with rng(GENERATOR):
+            with rng(DATA):
+                real = env.real_batch()
+            fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
+            if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
+                time.sleep(self.delay_s)
+            # The generator step needs only the critic's input gradients: with the critic's weights frozen while the
+            # graph is built, backward skips their weight-gradient matmuls (a third of the critic's work here).
+            d_weights = [p for p in D.parameters() if p.requires_grad]
+            try:
+                for p in d_weights:
+                    p.requires_grad_(False)
+                with self._autocast():
+                    loss_g, extras = env.g_loss(D, real, fake)
+            finally:
+                for p in d_weights:
+                    p.requires_grad_(True)
             self.grads.zero_()
-        self.bad_steps = 0 if finite else self.bad_steps + 1
-        stats = {"bad_grad": int(not finite), "bad_loss_d": bad_d}
-        if self.exchange is not None:
-            buf = self.grads.offload()
-            stats.update(self.exchange(buf, epoch, weight=1.0 if finite else 0.0) or {})
-            self.grads.load_back()
-        if finite or self.exchange is not None:
-            # with an exchange, the mean of the others' gradients is applied (replicas stay identical)
-            self.scaler_g.step(self.opt_g)
-        self.scaler_g.update()
+            self.scaler_g.scale(loss_g).backward()
+            self.scaler_g.unscale_(self.opt_g)  # exchange true gradients: every rank has its own loss scale
+            # A NaN/Inf gradient must not poison the other ranks through the exchange: this rank then contributes
+            # zeros with weight 0 (dropped from the mean) and still takes part, so that nobody waits for it.
+            finite = self.grads.is_finite()
+            if not finite:
+                self.grads.zero_()
+            self.bad_steps = 0 if finite else self.bad_steps + 1
+            stats = {"bad_grad": int(not finite), "bad_loss_d": bad_d}
+            if self.exchange is not None:
+                with rng(EXCHANGE):
+                    buf = self.grads.offload()
+                    stats.update(self.exchange(buf, epoch, weight=1.0 if finite else 0.0) or {})
+                    self.grads.load_back()
+            if finite or self.exchange is not None:
+                # with an exchange, the mean of the others' gradients is applied (replicas stay identical)
+                self.scaler_g.step(self.opt_g)
+            self.scaler_g.update()
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise NonFiniteError(f"rank {self.rank}: {self.bad_steps} generator steps in a row had NaN/Inf "
                                  f"gradients (epoch {epoch}, train.max_bad_steps={self.cfg.train.max_bad_steps}); "
@@ -207,22 +225,24 @@ class Trainer:
         try:
             while st.epoch < t.epochs:
                 epoch = st.epoch + 1
-                if t.lr_final != 1.0:
-                    self._set_lr(epoch)
-                t0 = time.perf_counter()
-                out = self.step(epoch)
-                st.time_s += time.perf_counter() - t0
-                st.epoch = epoch
-                for k, v in out.items():  # integer counters from the exchange are summed over the run
-                    if isinstance(v, int):
-                        st.stats[k] = st.stats.get(k, 0) + v
-                if epoch == 1 or epoch % t.checkpoint_every == 0 or epoch == t.epochs:
-                    save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G, self.env.name)
-                if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
-                    self._log(epoch, out, bar)
-                stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
-                if epoch % t.state_every == 0 or epoch == t.epochs or stop:
-                    self.save_state()
+                with self.ranges(EPOCH):
+                    if t.lr_final != 1.0:
+                        self._set_lr(epoch)
+                    t0 = time.perf_counter()
+                    out = self.step(epoch)
+                    st.time_s += time.perf_counter() - t0
+                    st.epoch = epoch
+                    for k, v in out.items():  # integer counters from the exchange are summed over the run
+                        if isinstance(v, int):
+                            st.stats[k] = st.stats.get(k, 0) + v
+                    if epoch == 1 or epoch % t.checkpoint_every == 0 or epoch == t.epochs:
+                        save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G, self.env.name)
+                    if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
+                        with self.ranges(LOG):
+                            self._log(epoch, out, bar)
+                    stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
+                    if epoch % t.state_every == 0 or epoch == t.epochs or stop:
+                        self.save_state()
                 if bar is not None:
                     bar.update(1)
                 if stop and epoch < t.epochs:

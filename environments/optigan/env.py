@@ -23,6 +23,7 @@ points simulated together with the reference data (when `data_file` is null); or
 """
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from sagips.environment import Environment
 from .js import FEATURES, similarity
 from .nets import COND_DIM, PHOTON_DIM, OptiGANCritic, OptiGANGenerator, gradient_penalty
 
+LOADERS = ("auto", "device", "host", "dataloader")
 #: the fixed seed of the quality noise: the logged figure does not depend on the training stream or on log_every
 QUALITY_SEED = 20240613
 
@@ -81,11 +83,27 @@ class OptiGANConfig:
     quality_points: int = opt(20, "held-out emission points used for the logged JS similarity (0 = all)", min=0)
     quality_photons: int = opt(3000, "photons per point and per sample in the JS comparison", min=10)
     js_bins: int = opt(50, "histogram bins per feature for the JS similarity", min=2)
-    # -- GPU recipe switches that belong to the environment (docs/optigan.md)
-    data_on_device: bool = opt(True, "keep the reference rows on the training device (no data loader at all); "
-                               "false = host memory, one batch copied per step")
+    # -- GPU recipe switches that belong to the environment (docs/optigan.md, "GPU recipe")
+    loader: str = opt("auto", "where real batches come from: 'device' (this rank's rows live on the training "
+                      "device, one gather per batch), 'host' (rows in host memory, pinned on CUDA, one batch "
+                      "gathered and copied per step), 'dataloader' (a torch DataLoader whose loader_workers "
+                      "processes gather batches ahead; pinned memory and non_blocking copies on CUDA), 'auto' "
+                      "(device if the rows fit in loader_device_fraction of the GPU's free memory, else "
+                      "dataloader; on CPU: device, i.e. in memory)", choices=LOADERS)
+    loader_device_fraction: float = opt(0.25, "loader=auto: the largest share of the device's free memory the rows "
+                                        "may take to be kept there", gt=0.0, max=1.0)
+    loader_workers: int = opt(4, "loader=dataloader: worker processes (the paper used 4); 0 = batches are made in "
+                              "the training process", min=0)
+    prefetch_factor: int = opt(2, "loader=dataloader: batches each worker prepares ahead (with workers > 0)", min=1)
+    data_on_device: bool | None = opt(None, "deprecated (use loader): true = loader 'device', false = 'host'")
 
     def validate(self) -> None:
+        if self.data_on_device is not None:
+            implied = "device" if self.data_on_device else "host"
+            if self.loader not in ("auto", implied):
+                raise ConfigError(f"environment.data_on_device={str(self.data_on_device).lower()} (deprecated) "
+                                  f"contradicts environment.loader={self.loader}; set loader only")
+            self.loader = implied
         for key in ("heldout_file", "init_generator"):
             path = getattr(self, key)
             if path and not os.path.isfile(path):
@@ -106,6 +124,10 @@ class OptiGAN(Environment):
         self._std: dict[str, np.ndarray] | None = None
         self._quality_set: dict[str, Any] | None = None
         self._last: dict[str, torch.Tensor] = {}
+        self._seed = int(seed)
+        self.loader: str | None = None  #: cfg.loader resolved by select_subset ('auto' -> 'device' / 'dataloader')
+        self._batches = 0  #: batches taken from the DataLoader so far (its position, saved for --resume)
+        self._loader_iter = None
 
     # -- reference data ---------------------------------------------------------------------------------------
     @staticmethod
@@ -154,14 +176,18 @@ class OptiGAN(Environment):
 
     def select_subset(self, idx: np.ndarray | None) -> None:
         """Keep the reference rows `idx` (this rank's share; None or empty = all rows, recorded as an empty
-        `subset_idx` so that the trainer's saved states stay small); on the device unless data_on_device is false."""
+        `subset_idx` so that the trainer's saved states stay small) where `loader` says."""
         self.subset_idx = np.zeros(0, dtype=np.int64) if idx is None else np.asarray(idx, dtype=np.int64)
         full = self.subset_idx.size == 0
         data = torch.from_numpy(np.ascontiguousarray(self._table if full else self._table[self.subset_idx]))
-        if self.cfg.data_on_device:
+        self.loader = resolve_loader(self.cfg.loader, self.device, data.nbytes, self.cfg.loader_device_fraction)
+        self._loader_iter = None  # a DataLoader over the previous rows stops (its workers exit)
+        if self.loader == "device":
             self.data = data.to(self.device)
-        else:  # host memory (pinned when a GPU reads it): one batch travels per step
+        elif self.loader == "host":  # host memory (pinned when a GPU reads it): one batch travels per step
             self.data = data.pin_memory() if self.device.type == "cuda" else data
+        else:  # dataloader: the workers read the rows from host memory (shared with them by fork)
+            self.data = data
 
     def _make_quality_set(self, photons: np.ndarray, conds: np.ndarray, kind: str) -> dict[str, Any]:
         c = self.cfg
@@ -205,10 +231,38 @@ class OptiGAN(Environment):
     # -- one epoch ---------------------------------------------------------------------------------------------
     def real_batch(self) -> torch.Tensor:
         """(batch_size, 9) real rows: photon (6) | condition (3), bootstrapped from this rank's rows."""
+        if self.loader == "dataloader":
+            if self._loader_iter is None:
+                self._loader_iter = iter(self._dataloader())
+            batch = next(self._loader_iter)
+            self._batches += 1
+            return batch.to(self.device, non_blocking=True)
         idx = torch.randint(len(self.data), (self.cfg.batch_size,), generator=self.gen, device=self.device)
         if self.data.device == self.device:
             return self.data[idx]
         return self.data[idx.to(self.data.device)].to(self.device, non_blocking=True)
+
+    def _dataloader(self) -> torch.utils.data.DataLoader:
+        """Batch i = BootstrapBatches(...)[i] for i = self._batches, self._batches + 1, ...: the same batches
+        whatever the number of workers, and a resumed run continues at the saved position."""
+        c = self.cfg
+        workers = c.loader_workers
+        return torch.utils.data.DataLoader(
+            BootstrapBatches(self.data, c.batch_size, self._seed), batch_size=None,
+            sampler=CountFrom(self._batches), num_workers=workers, pin_memory=self.device.type == "cuda",
+            prefetch_factor=c.prefetch_factor if workers else None, persistent_workers=workers > 0,
+            # its own generator: creating the iterator must not consume the global torch stream (resume)
+            generator=torch.Generator().manual_seed(0))
+
+    def extra_state(self) -> dict[str, Any]:
+        """The DataLoader's stream and position (also saved, unused, by the other loaders)."""
+        return {"loader_seed": self._seed, "loader_batches": self._batches}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        seed, batches = int(state.get("loader_seed", self._seed)), int(state.get("loader_batches", 0))
+        if (seed, batches) != (self._seed, self._batches):
+            self._seed, self._batches = seed, batches
+            self._loader_iter = None  # restart the DataLoader at the saved position
 
     def synthesize(self, G: torch.nn.Module, real: torch.Tensor) -> torch.Tensor:
         """(batch_size, 9) generated rows with the real batch's conditions (differentiable w.r.t. G)."""
@@ -290,6 +344,46 @@ class OptiGAN(Environment):
             rows.append(f"  {f:8s}  {q['js_features'][f]:9.2f}   {q['js_ceiling_features'][f]:9.2f}")
         rows.append(f"  mean      {q['js']:9.2f}   {q['js_ceiling']:9.2f}   (gap {q['js_gap']:.2f} points)")
         return "\n".join(rows)
+
+
+# ------------------------------------------------------------------------------------------------ data loading
+def resolve_loader(mode: str, device: torch.device, nbytes: int, fraction: float) -> str:
+    """environment.loader with 'auto' resolved: on CUDA, 'device' when the rows take at most `fraction` of the
+    device's free memory, else 'dataloader'; on CPU the device *is* host memory: 'device'."""
+    if mode != "auto":
+        return mode
+    if device.type != "cuda":
+        return "device"
+    free, _ = torch.cuda.mem_get_info(device)
+    return "device" if nbytes <= fraction * free else "dataloader"
+
+
+def batch_seed(seed: int, i: int) -> int:
+    """The seed of bootstrap batch `i` of a stream `seed`: independent streams for every (seed, i)."""
+    return int(np.random.SeedSequence([seed, i]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+class BootstrapBatches(torch.utils.data.Dataset):
+    """Item i: `batch_size` rows drawn with replacement from `rows` (a CPU tensor), with a generator seeded by
+    (seed, i) alone, so that a batch does not depend on which worker makes it, or when."""
+
+    def __init__(self, rows: torch.Tensor, batch_size: int, seed: int):
+        self.rows, self.batch_size, self.seed = rows, batch_size, seed
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(batch_seed(self.seed, i))
+        idx = torch.randint(len(self.rows), (self.batch_size,), generator=g)
+        return self.rows.index_select(0, idx)
+
+
+class CountFrom(torch.utils.data.Sampler):
+    """The endless batch numbers start, start + 1, ... (one training run never runs out of batches)."""
+
+    def __init__(self, start: int = 0):
+        self.start = start
+
+    def __iter__(self):
+        return itertools.count(self.start)
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -45,6 +45,16 @@ class Proxy1DConfig:
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
     d_input: str = opt("x", "what the discriminator sees of an event: 'x' (the paper) or 'log' (log x, which "
                        "spreads out the low-x region where the parameters differ most)", choices=("x", "log"))
+    g_out_scale: float = opt(1.0, "scale of the generator's output-layer weights at initialisation (1 = Kaiming, "
+                             "like the hidden layers; small values start every noise vector near the middle of the "
+                             "parameter box instead of at a random, often near-saturated, point)", min=0.0)
+    noise_scale: float = opt(1.0, "standard deviation of the generator's Gaussian noise (1 = N(0, 1), the paper); a "
+                             "small value makes the generator nearly one point, so that its mean prediction is not "
+                             "the mean of a broad mixture over p", min=0.0)
+    spread_weight: float = opt(0.0, "weight of a penalty on the generator's spread over noise, "
+                               "spread_weight * mean_i Var_noise(p_i) of the [0, 1] outputs, added to the generator "
+                               "loss; the truth is one point, and a broad mixture over p biases the mean prediction "
+                               "(0 = the paper's loss)", min=0.0)
 
     def validate(self) -> None:
         for key in ("true_params", "param_min", "param_max"):
@@ -117,7 +127,11 @@ class Proxy1D(Environment):
     # -- networks ------------------------------------------------------------------------------------------------
     def build_generator(self) -> torch.nn.Module:
         c = self.cfg
-        return mlp(c.noise_dim, 6, c.hidden, c.layers, out_act=torch.nn.Sigmoid()).to(self.device)
+        G = mlp(c.noise_dim, 6, c.hidden, c.layers, out_act=torch.nn.Sigmoid())
+        if c.g_out_scale != 1.0:
+            with torch.no_grad():
+                G[-2].weight.mul_(c.g_out_scale)  # G[-1] is the Sigmoid, G[-2] the output Linear
+        return G.to(self.device)
 
     def build_discriminator(self) -> torch.nn.Module:
         c = self.cfg
@@ -125,7 +139,8 @@ class Proxy1D(Environment):
 
     # -- one epoch ---------------------------------------------------------------------------------------------
     def noise(self, n: int) -> torch.Tensor:
-        return torch.randn((n, self.cfg.noise_dim), generator=self.gen, device=self.device)
+        z = torch.randn((n, self.cfg.noise_dim), generator=self.gen, device=self.device)
+        return z if self.cfg.noise_scale == 1.0 else z * self.cfg.noise_scale
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)
@@ -134,9 +149,12 @@ class Proxy1D(Environment):
     def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
         return theory.to_physical(G(self.noise(n)), self.pmin, self.pmax)
 
-    def synthesize(self, G: torch.nn.Module, real: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        p = self.params(G, self.cfg.param_samples)
-        return theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen)
+    def synthesize(self, G: torch.nn.Module, real: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(events (B * E, 2), norms (B, 2), generator outputs in [0, 1] (B, 6))."""
+        unit = G(self.noise(self.cfg.param_samples))
+        p = theory.to_physical(unit, self.pmin, self.pmax)
+        events, norms = theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen)
+        return events, norms, unit
 
     def _adv(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.cfg.loss == "bce":
@@ -148,14 +166,29 @@ class Proxy1D(Environment):
         return torch.log(events) if self.cfg.d_input == "log" else events
 
     def d_loss(self, D, real, fake) -> torch.Tensor:
-        events, _ = fake
-        return self._adv(D(self._view(real)), self._ones) + self._adv(D(self._view(events)), self._zeros)
+        events = fake[0]
+        # One critic forward on real and fake rows together: the same two losses as D(real) and D(fake) (the critic
+        # has no batch statistics), with each layer one matmul on 2N rows instead of two on N.
+        n = len(real)
+        logits = D(self._view(torch.cat((real, events))))
+        return self._adv(logits[:n], self._ones) + self._adv(logits[n:], self._zeros)
+
+    @staticmethod
+    def spread(unit: torch.Tensor) -> torch.Tensor:
+        """mean_i Var_noise(p_i) of the generator's [0, 1] outputs (B, 6) over the batch of noise vectors."""
+        return unit.float().var(dim=0, unbiased=False).mean()
 
     def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        events, norms = fake
+        events, norms, unit = fake
         adv = self._adv(D(self._view(events)), self._ones)
         norm_loss = F.mse_loss(norms, self.ref_norms.expand_as(norms))
-        return adv + self.cfg.norm_weight * norm_loss, {"norm_loss": norm_loss}
+        loss = adv + self.cfg.norm_weight * norm_loss
+        extras = {"norm_loss": norm_loss}
+        if self.cfg.spread_weight > 0:
+            spread = self.spread(unit)
+            loss = loss + self.cfg.spread_weight * spread
+            extras["spread"] = spread
+        return loss, extras
 
     @property
     def events_per_epoch(self) -> int:
@@ -173,7 +206,7 @@ class Proxy1D(Environment):
         (a resumed run stays bit-identical), and every evaluation uses the same noise (smooth curves).
         """
         gen = torch.Generator(device=self.device).manual_seed(20240601)
-        z = torch.randn((n, self.cfg.noise_dim), generator=gen, device=self.device)
+        z = torch.randn((n, self.cfg.noise_dim), generator=gen, device=self.device) * self.cfg.noise_scale
         return theory.to_physical(G(z), self.pmin, self.pmax).mean(0)
 
     @torch.no_grad()
