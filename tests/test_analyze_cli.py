@@ -113,6 +113,7 @@ def test_numbers_match_a_direct_computation(job, analysis):
     env = info["config"]["environment"]
     lo, hi = torch.tensor(env["param_min"]), torch.tensor(env["param_max"])
     noise = torch.randn((K, env["noise_dim"]), generator=torch.Generator().manual_seed(0))  # --seed 0
+    noise = noise * env["noise_scale"]  # the generator's noise is N(0, noise_scale^2) (the quick preset: 0.01)
     runs = []
     for m in ("member000", "member001"):
         per_rank = []
