@@ -63,18 +63,22 @@ def supervise() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    # A signal that arrives between the fork and the parent's forwarding handlers must not kill the parent: block
+    # them across the fork; the parent unblocks them once it can forward (pending ones are then delivered).
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARD)
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.environ["SAGIPS_SUPERVISED"] = "1"
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
         return
-    _wait_and_report(child, rank)
+    _wait_and_report(child, rank, old_mask)
 
 
-def _wait_and_report(child: int, rank: int) -> None:
+def _wait_and_report(child: int, rank: int, old_mask) -> None:
     def forward(signum, frame):
         try:
             os.kill(child, signum)
@@ -83,6 +87,7 @@ def _wait_and_report(child: int, rank: int) -> None:
 
     for sig in _FORWARD:
         signal.signal(sig, forward)
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     while True:
         try:
             _, status = os.waitpid(child, 0)

@@ -75,6 +75,11 @@ class OptiGANConfig:
                           min=1)
     standardize: bool = opt(True, "standardise network inputs/outputs with the data's mean/std (buffers, folded "
                             "into the first/last Linear layers on export)")
+    output_bounds: str = opt("none", "'reflect': fold the generator's outputs into the crystal's physical bounds by "
+                             "mirror reflection (X, Y on the exit face [-W/2, W/2]; dZ in [cos θc, 1] and dX, dY in "
+                             "[-sin θc, sin θc] from Snell's law at the exit face, from crystal_width and "
+                             "scintillator; EKine free); not in an opengate export; 'none': raw linear output "
+                             "(opengate, the paper)", choices=("none", "reflect"))
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -213,6 +218,8 @@ class OptiGAN(Environment):
         G = OptiGANGenerator(c.noise_dim, c.hidden)
         if c.standardize and self._std is not None:
             G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
+        if c.output_bounds == "reflect":
+            G.set_bounds(*output_bounds(self.crystal(c)))
         if c.init_generator:
             from .opengate import load_weights_into
 
@@ -387,6 +394,16 @@ class CountFrom(torch.utils.data.Sampler):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+def output_bounds(crystal) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) of X, Y, dX, dY, dZ, EKine for a detected photon: the exit face, and the escape cone
+    dZ >= cos θc (so |dX|, |dY| <= sin θc); the energy is left unbounded (+-inf)."""
+    half, cos_c = crystal.width / 2, crystal.cos_critical
+    sin_c = float(np.sqrt(1.0 - cos_c * cos_c))
+    lo = np.array([-half, -half, -sin_c, -sin_c, cos_c, -np.inf], dtype=np.float32)
+    hi = np.array([half, half, sin_c, sin_c, 1.0, np.inf], dtype=np.float32)
+    return lo, hi
+
+
 def _safe_std(a: np.ndarray) -> np.ndarray:
     s = a.std(0, dtype=np.float64)
     return np.where(s > 1e-6, s, 1.0)

@@ -60,11 +60,26 @@ class OptiGANGenerator(nn.Module):
         self.register_buffer("cond_std", _ones(COND_DIM))
         self.register_buffer("out_mean", torch.zeros(PHOTON_DIM))
         self.register_buffer("out_std", _ones(PHOTON_DIM))
+        # optional physical bounds of the outputs (set_bounds): not persistent, so that the state dict keeps
+        # opengate's keys plus the standardisation; the environment sets them from its config
+        self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=False)
+        self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=False)
+        self.bounded = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         noise, cond = x[:, :self.noise_dim], x[:, self.noise_dim:]
         h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
-        return torch.addcmul(self.out_mean, self.model(h), self.out_std)
+        out = torch.addcmul(self.out_mean, self.model(h), self.out_std)
+        return reflect_into(out, self.out_lo, self.out_hi) if self.bounded else out
+
+    @torch.no_grad()
+    def set_bounds(self, lo, hi) -> None:
+        """Fold each output into [lo, hi] by reflection at the bounds (+-inf: that output is left alone)."""
+        self.out_lo.copy_(torch.as_tensor(lo, dtype=torch.float32))
+        self.out_hi.copy_(torch.as_tensor(hi, dtype=torch.float32))
+        if not bool((self.out_hi > self.out_lo).all()):
+            raise ValueError("set_bounds: every upper bound must exceed its lower bound")
+        self.bounded = bool((torch.isfinite(self.out_lo) & torch.isfinite(self.out_hi)).any())
 
     @torch.no_grad()
     def set_standardisation(self, cond_mean, cond_std, out_mean, out_std) -> None:
@@ -99,6 +114,18 @@ class OptiGANGenerator(nn.Module):
         sd["6.weight"] = sd["6.weight"] / os_[:, None]
         sd["6.bias"] = (sd["6.bias"] - om) / os_
         self.model.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
+def reflect_into(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Columns of `y` with finite bounds folded into [lo, hi] by mirror reflection (a triangle wave of period
+    2 (hi - lo), the method of images: for a crystal with specular lateral faces a straight track unfolded across a
+    face exits at exactly this reflected position). Identity inside [lo, hi]; other columns pass through."""
+    finite = torch.isfinite(lo) & torch.isfinite(hi)
+    lo_f = torch.where(finite, lo, torch.zeros_like(lo))
+    w = torch.where(finite, hi - lo, torch.ones_like(lo))
+    t = torch.remainder(y - lo_f, 2.0 * w)
+    folded = lo_f + w - (t - w).abs()
+    return torch.where(finite, folded, y)
 
 
 class OptiGANCritic(nn.Module):

@@ -1,0 +1,65 @@
+"""environment.output_bounds: the generator's outputs folded into the crystal's physical bounds by reflection."""
+import numpy as np
+import pytest
+import torch
+
+from sagips.config import from_dict
+from sagips.environment import get_environment
+from sagips_environments.optigan.nets import reflect_into
+
+
+def test_reflect_into_folds_at_the_bounds():
+    lo, hi = torch.tensor([-1.5, 0.7, -torch.inf]), torch.tensor([1.5, 1.0, torch.inf])
+    y = torch.tensor([[0.3, 0.8, 7.0],      # inside: unchanged; the unbounded column passes through
+                      [1.7, 1.1, -9.0],     # past the upper bound: mirrored back (1.5 - 0.2, 1.0 - 0.1)
+                      [-1.9, 0.5, 0.0],     # past the lower bound: mirrored back (-1.5 + 0.4, 0.7 + 0.2)
+                      [4.7, 1.35, 1.0]])    # past both: a triangle wave (4.7 -> -1.7 -> -1.3; 1.35 -> 0.65 -> 0.75)
+    want = torch.tensor([[0.3, 0.8, 7.0], [1.3, 0.9, -9.0], [-1.1, 0.9, 0.0], [-1.3, 0.75, 1.0]])
+    assert torch.allclose(reflect_into(y, lo, hi), want, atol=1e-5)
+    # differentiable, slope +-1
+    x = torch.tensor([[0.2, 0.8, 1.0], [1.8, 1.2, 1.0]], requires_grad=True)
+    reflect_into(x, lo, hi).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 1.0]]))
+
+
+def _env(**kw):
+    env_cls = get_environment("optigan")
+    cfg = from_dict(env_cls.Config, dict(photons_per_point=40, grid_side=2, grid_depths=1, heldout_points=1,
+                                         heldout_photons=40, **kw), "environment.")
+    arrays, attrs = env_cls.generate_reference(cfg, 3)
+    env = env_cls(cfg, "cpu", seed=0)
+    env.attach_data(arrays, attrs, np.random.default_rng(0))
+    return env
+
+
+def test_generator_outputs_stay_in_the_crystal_with_reflect():
+    torch.manual_seed(0)
+    x = torch.cat([5 * torch.randn(4000, 10), torch.rand(4000, 3)], 1)
+    env = _env(output_bounds="reflect")
+    G = env.build_generator()
+    with torch.no_grad():
+        for p in G.model.parameters():  # a wide output, far outside the face
+            p.mul_(4.0)
+        out = G(x)
+    w, cos_c = env.cfg.crystal_width / 2, env.crystal(env.cfg).cos_critical
+    assert out[:, :2].abs().max() <= w + 1e-5 and out[:, :2].abs().max() > 0.9 * w
+    assert out[:, 4].min() >= cos_c - 1e-5 and out[:, 4].max() <= 1.0 + 1e-5
+    assert out[:, 2:4].abs().max() <= np.sqrt(1 - cos_c ** 2) + 1e-5
+    # the state dict keeps its keys (the bounds come from the config, not the checkpoint)
+    plain = _env().build_generator()
+    assert set(G.state_dict()) == set(plain.state_dict())
+    # default (the paper, opengate): a raw linear output, unbounded
+    plain.load_state_dict(G.state_dict())
+    with torch.no_grad():
+        raw = plain(x)
+    assert raw[:, :2].abs().max() > w + 0.1
+    inside = ((raw[:, :2].abs() <= w).all(1) & (raw[:, 4] >= cos_c) & (raw[:, 4] <= 1)
+              & (raw[:, 2:4].abs() <= 0.69).all(1))
+    assert torch.allclose(out[inside], raw[inside], atol=1e-5)
+
+
+def test_output_bounds_rejects_unknown_values():
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        _env(output_bounds="clamp")
