@@ -140,13 +140,9 @@ def device_name(device) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    from sagips.perf import cpu_name
+
+    return cpu_name()
 
 
 def table(result: dict) -> str:

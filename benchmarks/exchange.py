@@ -36,6 +36,12 @@ N_FLOATS = 51206
 TECHNIQUES = ("ring-whole", "ring-chunked", "ring-whole-waitall", "rma", "allreduce", "iallreduce-watchdog")
 
 
+def cpu_name() -> str:
+    from sagips.perf import cpu_name as name  # torch is imported only here
+
+    return name()
+
+
 def worker(reps: int, out: str) -> None:
     sys.path.insert(0, str(REPO))
     import sagips.comm  # noqa: F401  (FIRST: the thread level, before MPI is initialised)
@@ -173,7 +179,7 @@ def driver(sizes: list[int], reps: int, outdir: Path, env_extra: dict, progress:
     from mpi4py import MPI
 
     meta = {"n_floats": N_FLOATS, "bytes": 4 * N_FLOATS, "cores": os.cpu_count(), "machine": platform.machine(),
-            "cpu": _cpu_name(), "mpi": MPI.Get_library_version().splitlines()[0].strip(),
+            "cpu": cpu_name(), "mpi": MPI.Get_library_version().splitlines()[0].strip(),
             "mpi4py": mpi4py.__version__, "numpy": numpy.__version__, "python": platform.python_version(),
             "env": env_extra, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "loadavg_before": load_before, "loadavg_after": list(os.getloadavg()),
@@ -183,16 +189,6 @@ def driver(sizes: list[int], reps: int, outdir: Path, env_extra: dict, progress:
     plot(data, outdir / "exchange.png")
     (outdir / "exchange.md").write_text(table(data))
     print(table(data))
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def plot(data: dict, path: Path) -> None:

@@ -81,6 +81,12 @@ VALIDATION_SETS = [
 VALIDATION_INNER = 2  # comm.inner_size (min(2, N)): N=4 poses as 2 nodes x 2 ranks
 
 
+def cpu_name() -> str:
+    from sagips.perf import cpu_name as name  # torch is imported only here
+
+    return name()
+
+
 def mpiexec() -> str:
     here = Path(sys.executable).parent / "mpiexec"
     return str(here) if here.exists() else "mpiexec"
@@ -370,7 +376,7 @@ def cmd_measure(args) -> None:
     DOCS.mkdir(parents=True, exist_ok=True)
     data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
     data["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": cores(), "machine": platform.machine(),
-                    "cpu": _cpu_name(), "python": platform.python_version(), "numpy": np.__version__,
+                    "cpu": cpu_name(), "python": platform.python_version(), "numpy": np.__version__,
                     "loadavg_before": list(os.getloadavg())}
     data["local"] = measure_local()
     data["exchange"] = measure_mpi(reps=args.reps)
@@ -379,16 +385,6 @@ def cmd_measure(args) -> None:
     data["epoch"] = measure_epoch(Path(args.work))
     MEASUREMENTS.write_text(json.dumps(data, indent=1))
     print(f"wrote {MEASUREMENTS.relative_to(REPO)}")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ================================================================================================ 2. calibrate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import platform
 import sys
 import time
 
@@ -22,6 +23,18 @@ def n_params(module: torch.nn.Module) -> int:
 def train_flops(phi: int, rows: int) -> float:
     """FLOPs of one training step (forward + backward) of a network with `phi` parameters on `rows` rows."""
     return 6.0 * phi * rows
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo on Linux, else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
 
 
 def sync(device: torch.device) -> None:
