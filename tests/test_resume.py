@@ -108,3 +108,21 @@ def test_resume_refuses_mismatches(tmp_path):
     assert r.returncode == 2 and "had 1 ranks" in r.stderr
     r = run_mpi(1, ["-m", "sagips.run", "--resume", "--output-dir", str(tmp_path / "none")], timeout=120)
     assert r.returncode == 2 and "holds no run" in r.stderr
+
+
+def test_state_retention_keeps_every_epoch_a_marker_can_name(tmp_path):
+    """A fast rank must not delete the epoch that becomes the first marker while a slow rank is still writing it:
+    before any marker, nothing is deleted; after it, only states older than the marker beyond the newest two."""
+    from sagips.io.state import resume_epoch, save_state, state_epochs, write_latest
+
+    for e in (2, 4, 6, 8):  # rank 0 runs ahead (rma-arar-arar); rank 1 has written only epoch 2
+        save_state(tmp_path, 0, e, {"epoch": e}, keep=2)
+    save_state(tmp_path, 1, 2, {"epoch": 2}, keep=2)
+    assert state_epochs(tmp_path, 0) == [2, 4, 6, 8]
+    write_latest(tmp_path, 2, 2)  # every rank has reported epoch 2
+    assert resume_epoch(tmp_path, 2) == 2
+    save_state(tmp_path, 0, 10, {"epoch": 10}, keep=2)
+    assert state_epochs(tmp_path, 0) == [2, 4, 6, 8, 10]  # nothing older than the marker beyond the newest 2
+    write_latest(tmp_path, 8, 2)
+    save_state(tmp_path, 0, 12, {"epoch": 12}, keep=2)
+    assert state_epochs(tmp_path, 0) == [8, 10, 12]

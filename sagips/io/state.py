@@ -28,10 +28,12 @@ def save_state(out_dir, rank: int, epoch: int, state: dict[str, Any], keep: int 
     with atomic_open(path, "wb") as fh:
         torch.save(state, fh)
     # keep the newest `keep` states of this rank, and every state from the newest complete epoch (the marker) on:
-    # ranks that drift apart (rma-arar-arar, or a SIGTERM seen one epoch apart) must keep an epoch in common
+    # ranks that drift apart (rma-arar-arar, or a SIGTERM seen one epoch apart) must keep an epoch in common. Before
+    # the first marker nothing is deleted: a fast rank could otherwise drop the epoch that becomes the first marker
+    # while a slow rank is still writing it, and a kill then would leave no complete epoch to resume from.
     marker = (read_latest(out_dir) or {}).get("epoch")
     for old in sorted(state_epochs(out_dir, rank))[:-keep]:
-        if marker is not None and old >= marker:
+        if marker is None or old >= marker:
             continue
         try:
             os.unlink(state_path(out_dir, rank, old))
