@@ -65,6 +65,9 @@ class TrainConfig:
     amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), 'fp16' (CUDA, "
                    "with a GradScaler), 'auto' (fp16 on CUDA, none on CPU); the pipeline always runs in float32",
                    choices=("none", "bf16", "fp16", "auto"))
+    ema: float = opt(0.0, "decay of an exponential moving average of the generator's weights (e.g. 0.999), kept on "
+                     "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "
+                     "training states keep both; 0 = off (the paper)", min=0.0, max=0.999999)
     fused_adam: bool = opt(True, "use the fused Adam kernel where torch supports it (CUDA)")
     profile: bool = opt(False, "named profiler ranges (sagips/epoch, critic, generator, data, exchange, log): NVTX on "
                         "CUDA (for nsys) and torch.profiler.record_function everywhere; off = no cost")

@@ -110,6 +110,30 @@ class Trainer:
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
+        self.G_ema: torch.nn.Module | None = None  #: train.ema > 0: the averaged generator (made at its first update)
+        self.ema_steps = 0
+
+    @property
+    def G_eval(self) -> torch.nn.Module:
+        """The generator to evaluate and checkpoint: the weight average when train.ema > 0, else G."""
+        return self.G_ema if self.G_ema is not None else self.G
+
+    @torch.no_grad()
+    def update_ema(self) -> None:
+        """G_ema <- d G_ema + (1 - d) G with d = min(ema, (1 + k) / (10 + k)) at update k (a short warm-up, so that
+        the average does not remember the random initialisation); buffers are copied."""
+        import copy
+
+        base = getattr(self.G, "module", self.G)  # the DDP peer wraps G
+        if self.G_ema is None:
+            self.G_ema = copy.deepcopy(base).requires_grad_(False)
+            self.ema_steps = 0
+        k = self.ema_steps
+        d = min(self.cfg.train.ema, (1.0 + k) / (10.0 + k))
+        torch._foreach_lerp_(list(self.G_ema.parameters()), list(base.parameters()), 1.0 - d)
+        for b_ema, b in zip(self.G_ema.buffers(), base.buffers()):
+            b_ema.copy_(b)
+        self.ema_steps = k + 1
 
     # ------------------------------------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
@@ -124,6 +148,8 @@ class Trainer:
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
             "subset_idx": torch.as_tensor(getattr(self.env, "subset_idx", np.zeros(0, dtype=np.int64))),
             "env_state": self.env.extra_state(),
+            **({"generator_ema": self.G_ema.state_dict(), "ema_steps": self.ema_steps} if self.G_ema is not None
+               else {}),
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
@@ -144,6 +170,12 @@ class Trainer:
         if saved_idx.size and not np.array_equal(saved_idx, getattr(self.env, "subset_idx", saved_idx)):
             self.env.select_subset(saved_idx)
         self.env.load_extra_state(sd.get("env_state", {}))
+        if "generator_ema" in sd and self.cfg.train.ema > 0:
+            import copy
+
+            self.G_ema = copy.deepcopy(getattr(self.G, "module", self.G)).requires_grad_(False)
+            self.G_ema.load_state_dict(sd["generator_ema"])
+            self.ema_steps = int(sd["ema_steps"])
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
 
     def save_state(self) -> None:
@@ -212,6 +244,8 @@ class Trainer:
                 # with an exchange, the mean of the others' gradients is applied (replicas stay identical)
                 self.scaler_g.step(self.opt_g)
             self.scaler_g.update()
+            if self.cfg.train.ema > 0:
+                self.update_ema()
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise NonFiniteError(f"rank {self.rank}: {self.bad_steps} generator steps in a row had NaN/Inf "
                                  f"gradients (epoch {epoch}, train.max_bad_steps={self.cfg.train.max_bad_steps}); "
@@ -236,7 +270,7 @@ class Trainer:
                         if isinstance(v, int):
                             st.stats[k] = st.stats.get(k, 0) + v
                     if epoch == 1 or epoch % t.checkpoint_every == 0 or epoch == t.epochs:
-                        save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G, self.env.name)
+                        save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G_eval, self.env.name)
                     if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
                         with self.ranges(LOG):
                             self._log(epoch, out, bar)
@@ -263,7 +297,7 @@ class Trainer:
                 group["lr"] = lr0 * f
 
     def _log(self, epoch: int, out: dict[str, Any], bar) -> None:
-        q = self.env.quality(self.G, self.cfg.train.quality_samples)
+        q = self.env.quality(self.G_eval, self.cfg.train.quality_samples)
         all_q = self.gather_quality(q) if self.gather_quality is not None else [q]
         if not self.is_root:
             return

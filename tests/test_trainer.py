@@ -109,3 +109,53 @@ def test_cuda_offload_is_pinned_and_round_trips(tmp_path):  # pragma: no cover -
     buf.load_back()
     torch.cuda.synchronize()
     assert torch.all(G.weight.grad == 1.0)
+
+
+def _weights(module):
+    return [p.detach().double().numpy().copy() for p in module.parameters()]
+
+
+def test_ema_follows_its_recurrence_with_warm_up_and_cap(tmp_path):
+    # ema = 0.2: the warm-up (1 + k) / (10 + k) sets the decay at k = 1 (0.18), the cap at k = 2 (0.25 > 0.2)
+    tr = make_trainer(tmp_path, ["train.ema=0.2"])
+    expect = None
+    for k in range(3):
+        tr.step(k + 1)
+        w = _weights(tr.G)
+        d = min(0.2, (1 + k) / (10 + k))
+        expect = w if expect is None else [d * e + (1 - d) * x for e, x in zip(expect, w)]
+        got = _weights(tr.G_ema)
+        for a, b in zip(got, expect):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert tr.ema_steps == 3 and tr.G_eval is tr.G_ema
+    assert any(not np.allclose(a, b) for a, b in zip(_weights(tr.G_ema), _weights(tr.G)))  # it does average
+    assert make_trainer(tmp_path / "off").G_eval is not None  # ema off: G itself is evaluated
+
+
+def test_ema_is_checkpointed_and_resumes_bit_identical(tmp_path):
+    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+    from sagips.io.state import load_state
+    from sagips.trainer import StopRequested
+
+    sets = ["train.ema=0.9", "train.epochs=4", "train.checkpoint_every=2", "train.state_every=2",
+            "train.log_every=100"]
+    torch.manual_seed(7)  # as sagips.run seeds each rank before building its networks
+    ref = make_trainer(tmp_path / "ref", sets)
+    ref.fit(progress=False)
+    ck = load_checkpoint(list_checkpoints(tmp_path / "ref")[0][4])["generator"]
+    for k, v in ref.G_ema.state_dict().items():
+        assert torch.equal(ck[k], v), f"checkpoint {k} is not the averaged generator"
+    assert not all(torch.equal(ck[k], v) for k, v in ref.G.state_dict().items())
+
+    torch.manual_seed(7)
+    cut = make_trainer(tmp_path / "cut", sets)
+    cut.stop_requested = True  # like SIGTERM: the state of epoch 1 is saved, then the run stops
+    with pytest.raises(StopRequested):
+        cut.fit(progress=False)
+    resumed = make_trainer(tmp_path / "cut", sets)
+    resumed.load_state_dict(load_state(tmp_path / "cut", 0, 1))
+    assert resumed.ema_steps == 1
+    resumed.fit(progress=False)
+    for name, m_ref, m_res in (("G", ref.G, resumed.G), ("G_ema", ref.G_ema, resumed.G_ema)):
+        for (k, a), b in zip(m_ref.state_dict().items(), m_res.state_dict().values()):
+            assert torch.equal(a, b), f"{name}.{k} differs after resume"
