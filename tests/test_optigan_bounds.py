@@ -63,3 +63,21 @@ def test_output_bounds_rejects_unknown_values():
 
     with pytest.raises(ConfigError):
         _env(output_bounds="clamp")
+
+
+def test_energy_bounds_fold_ekine_into_the_data_range():
+    torch.manual_seed(1)
+    x = torch.cat([5 * torch.randn(4000, 10), torch.rand(4000, 3)], 1)
+    env = _env(output_bounds="reflect", energy_bounds=True)
+    e = env.data[:, 5].cpu().numpy()
+    G = env.build_generator()
+    with torch.no_grad():
+        for p in G.model.parameters():
+            p.mul_(4.0)
+        out = G(x)
+    assert out[:, 5].min() >= e.min() - 1e-4 and out[:, 5].max() <= e.max() + 1e-4
+    free = _env(output_bounds="reflect").build_generator()  # without energy_bounds EKine stays unbounded
+    free.load_state_dict(G.state_dict())
+    with torch.no_grad():
+        raw = free(x)[:, 5]
+    assert raw.min() < e.min() - 0.1 or raw.max() > e.max() + 0.1

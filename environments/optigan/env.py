@@ -80,6 +80,8 @@ class OptiGANConfig:
                              "[-sin θc, sin θc] from Snell's law at the exit face, from crystal_width and "
                              "scintillator; EKine free); not in an opengate export; 'none': raw linear output "
                              "(opengate, the paper)", choices=("none", "reflect"))
+    energy_bounds: bool = opt(False, "with output_bounds=reflect, also fold EKine into the training data's "
+                              "[min, max] (the observed spectrum's support; the same on every rank)")
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -127,6 +129,7 @@ class OptiGAN(Environment):
         self.subset_idx: np.ndarray | None = None  # rows of the reference data this rank keeps (empty: all)
         self._table: np.ndarray | None = None
         self._std: dict[str, np.ndarray] | None = None
+        self._energy_range: tuple[float, float] | None = None
         self._quality_set: dict[str, Any] | None = None
         self._last: dict[str, torch.Tensor] = {}
         self._seed = int(seed)
@@ -163,6 +166,7 @@ class OptiGAN(Environment):
         # standardisation from the full data, identical on every rank (the data was broadcast from rank 0)
         self._std = {"cond_mean": conds.mean(0, dtype=np.float64), "cond_std": _safe_std(conds),
                      "out_mean": photons.mean(0, dtype=np.float64), "out_std": _safe_std(photons)}
+        self._energy_range = (float(photons[:, 5].min()), float(photons[:, 5].max())) if len(photons) else None
         # the held-out (or training) points of the quality figure, and their MC-vs-MC ceiling, computed once
         if c.heldout_file:
             from sagips.io.refdata import read_reference
@@ -219,7 +223,10 @@ class OptiGAN(Environment):
         if c.standardize and self._std is not None:
             G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
         if c.output_bounds == "reflect":
-            G.set_bounds(*output_bounds(self.crystal(c)))
+            lo, hi = output_bounds(self.crystal(c))
+            if c.energy_bounds and self._energy_range is not None and self._energy_range[1] > self._energy_range[0]:
+                lo[5], hi[5] = self._energy_range
+            G.set_bounds(lo, hi)
         if c.init_generator:
             from .opengate import load_weights_into
 
