@@ -21,11 +21,22 @@ def mpiexec() -> str:
     return found
 
 
-def run_mpi(n: int, args: list[str], timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`mpiexec -n n python <args>`; returns the completed process (stdout/stderr as text)."""
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of a child run. The runs check CPU numerics against CPU truths (bit-identical resumes, DDP vs
+    allreduce, eq. 7), so GPUs are hidden from them, as on CI: with CUDA visible, train.device=auto and train.amp=auto
+    would pick cuda and fp16. The GPU paths have their own tests (skipped without CUDA). SAGIPS_TEST_CUDA=1 keeps the
+    GPUs visible to the child runs."""
     e = dict(os.environ)
     e.setdefault("OMP_NUM_THREADS", "1")
-    e.update(env or {})
+    if os.environ.get("SAGIPS_TEST_CUDA") != "1":
+        e["CUDA_VISIBLE_DEVICES"] = ""
+    e.update(extra or {})
+    return e
+
+
+def run_mpi(n: int, args: list[str], timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mpiexec -n n python <args>`; returns the completed process (stdout/stderr as text)."""
+    e = child_env(env)
     cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
     try:
         return subprocess.run(cmd, cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
@@ -35,8 +46,7 @@ def run_mpi(n: int, args: list[str], timeout: float = 180, env: dict | None = No
 
 
 def run_py(args: list[str], timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.update(env or {})
+    e = child_env(env)
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=e, capture_output=True, text=True, timeout=timeout)
 
 
@@ -46,7 +56,7 @@ def job_with_state(n: int, args: list[str], out, min_epoch: int = 2, timeout: fl
     epoch >= min_epoch. On exit, whatever is left of the job is killed (no test leaves processes behind)."""
     from sagips.io.state import read_latest
 
-    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e = child_env({"OMP_NUM_THREADS": "1"})
     p = subprocess.Popen([mpiexec(), "-n", str(n), sys.executable, *args], cwd=ROOT, env=e, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

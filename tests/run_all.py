@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests._mpirun import ROOT, mpiexec
+from tests._mpirun import ROOT, child_env, mpiexec
 
 MPI_SIZES = [int(n) for n in os.environ.get("SAGIPS_TEST_MPI_SIZES", "1 2 3 4 5 8").split()]
 MPI_TIMEOUT = 300
@@ -33,7 +33,7 @@ def main() -> int:
             print(f"\n=== tests/mpi under mpiexec -n {n} ===", flush=True)
             cmd = ["timeout", "--kill-after=10", str(MPI_TIMEOUT), mpiexec(), "-n", str(n), sys.executable, "-m",
                    "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "tests/mpi"]
-            rc = subprocess.call(cmd, cwd=ROOT, env=env)
+            rc = subprocess.call(cmd, cwd=ROOT, env=child_env({"PYTHONUNBUFFERED": "1"}))  # CPU numerics
             if rc == 124:
                 print(f"tests/mpi at N={n}: TIMED OUT after {MPI_TIMEOUT} s", flush=True)
             if rc != 0:
