@@ -35,6 +35,10 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", default="cpu", help="cpu (the reported figure) or cuda")
+    p.add_argument("--grid-points", type=int, default=50, metavar="N",
+                   help="also score N training-grid points with fresh MC photons (interpolation vs fit; 0 = skip)")
+    p.add_argument("--save-generator", action="store_true", help="write OUT/generator.pt (the evaluated generator)")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import numpy as np
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     arrays, attrs = env_cls.generate_reference(cfg.environment, cfg.seed)
     t_data = time.perf_counter() - t0
-    env = env_cls(cfg.environment, "cpu", seed=args.seed)
+    env = env_cls(cfg.environment, args.device, seed=args.seed)
     env.attach_data(arrays, attrs, np.random.default_rng(args.seed))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, env, 0, 1, tmp)
@@ -66,11 +70,12 @@ def main(argv=None) -> int:
 
     # final figure: every held-out point (not only the logged subset)
     cfg.environment.quality_points = 0
-    final_env = env_cls(cfg.environment, "cpu", seed=args.seed)
+    final_env = env_cls(cfg.environment, args.device, seed=args.seed)
     t2 = time.perf_counter()
     final_env.attach_data(arrays, attrs, np.random.default_rng(args.seed))
-    q = final_env.quality(trainer.G)
+    q = final_env.quality(trainer.G_eval)
     t_eval = time.perf_counter() - t2
+    grid = _grid_check(env_cls, cfg, arrays, attrs, trainer.G_eval, args) if args.grid_points > 0 else None
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,13 +89,37 @@ def main(argv=None) -> int:
         "data_seconds": t_data, "train_seconds": t_train, "train_cpu_seconds": c_train, "eval_seconds": t_eval,
         "seconds_per_epoch": t_train / max(1, state.epoch), "cpu_seconds_per_epoch": c_train / max(1, state.epoch),
         "threads": 1, "load_average_at_end": os.getloadavg(), "curve": curve,
+        "ema": cfg.train.ema, "lr_final": cfg.train.lr_final, "output_bounds": cfg.environment.output_bounds,
+        "energy_bounds": cfg.environment.energy_bounds, "grid_check": grid,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "host": platform.node(), "cpu": platform.processor() or platform.machine(),
         "torch": torch.__version__, "python": platform.python_version(),
     }
     (out / "optigan.json").write_text(json.dumps(result, indent=2) + "\n")
-    _figure(out / "optigan.png", result, final_env, trainer.G)
+    if args.save_generator:
+        torch.save(trainer.G_eval.state_dict(), out / "generator.pt")
+    _figure(out / "optigan.png", result, final_env, trainer.G_eval)
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}, indent=2))
     return 0
+
+
+def _grid_check(env_cls, cfg, arrays, attrs, G, args) -> dict:
+    """The same JS protocol on N points of the TRAINING grid, with fresh MC photons (an independent stream): if the
+    generator scores much higher there than on the held-out points, the gap is interpolation; if not, it is fit."""
+    import numpy as np
+
+    from sagips_environments.optigan.mc import simulate_points
+
+    c = cfg.environment
+    grid = np.asarray(attrs["points"])
+    pick = np.unique(np.linspace(0, len(grid) - 1, min(args.grid_points, len(grid))).round().astype(int))
+    ph, co, _ = simulate_points(env_cls.crystal(c), grid[pick], c.heldout_photons, [args.seed, 3])
+    c.quality_points = 0
+    env = env_cls(c, args.device, seed=args.seed)
+    env.attach_data({**arrays, "heldout_photons": ph, "heldout_conditions": co}, attrs, np.random.default_rng(0))
+    q = env.quality(G)
+    return {"points": int(q["quality_points"]), "js_gan_vs_mc": q["js"], "js_mc_vs_mc": q["js_ceiling"],
+            "gap_points": q["js_gap"], "features_gan": q["js_features"]}
 
 
 def _figure(path: Path, result: dict, env, G) -> None:
