@@ -95,6 +95,8 @@ class Profile:
     rma_per_peer_s: float = 0.0       #: RMA exchange: local cost per peer of the group (store + read + crc + add)
     rendezvous: bool = True           #: a ring send also waits for the receiver (large messages)
     cpu_cores: int | None = None      #: cores of one node for compute; more ranks than that share them (None: no limit)
+    corun_factor: float = 1.0         #: slow-down of a rank's compute while other ranks compute on the same node's
+                                      #: cores (shared caches, memory bandwidth, clocks); 1 = none (one GPU per rank)
     polling: bool = False             #: model the watchdog's wait loop (spin, then sleeps with exponential back-off)
     poll_spin_s: float = 50e-6        #: sagips.comm.watchdog: spin this long on Testall before sleeping
     poll_min_sleep_s: float = 10e-6   #: first sleep of the back-off (doubling)
@@ -120,11 +122,12 @@ class Profile:
         return self.hop_overhead_s + np.where(same, intra.time(nbytes), inter.time(nbytes))
 
     def compute_factor(self, n_ranks: int) -> float:
-        """Slow-down of compute when more ranks than cores share a node (the local 2-core profile)."""
+        """Slow-down of compute when ranks share a node's cores (the local 2-core profile): corun_factor once two or
+        more ranks compute on the node, times the time-slicing of more ranks than cores."""
         if not self.cpu_cores:
             return 1.0
         on_node = min(n_ranks, self.ranks_per_node)
-        return max(1.0, on_node / self.cpu_cores)
+        return (self.corun_factor if on_node > 1 else 1.0) * max(1.0, on_node / self.cpu_cores)
 
 
 @dataclass

@@ -222,6 +222,8 @@ def test_oversubscribed_compute_is_shared():
     prof = profile(cpu_cores=2, ranks_per_node=10 ** 6)
     assert prof.compute_factor(1) == 1.0 and prof.compute_factor(2) == 1.0 and prof.compute_factor(4) == 2.0
     assert simulate("ensemble", 4, 3, prof).train_s == pytest.approx(6.0)
+    co = profile(cpu_cores=2, ranks_per_node=10 ** 6, corun_factor=1.25)  # measured: ensemble at N=cores vs N=1
+    assert co.compute_factor(1) == 1.0 and co.compute_factor(2) == 1.25 and co.compute_factor(4) == 2.5
 
 
 def test_bad_inputs():
