@@ -193,6 +193,7 @@ def measure(args) -> dict:
     for amp, th in configs:  # warm-up: first-touch of every buffer, oneDNN kernel selection, Adam state
         torch.set_num_threads(th)
         tr, clock = trainers[amp]
+        tr.resolve_chunk_rows()
         timed_step(tr, clock, epoch[amp], device)
         epoch[amp] += 1
     batches = {}
@@ -206,6 +207,7 @@ def measure(args) -> dict:
             torch.set_num_threads(th)
             tr, clock = trainers[amp]
             rec = res[amp, th]
+            rec["chunk_rows"] = tr.resolve_chunk_rows()  # train.chunk_rows=auto depends on the threads
             rec["peak"] = max(rec["peak"], perf.matmul_peak(device, dtypes[amp], min_seconds=peak_s))
             rec["shape_peak"] = max(rec["shape_peak"], perf.matmul_rate(n, 128, 128, device, dtypes[amp],
                                                                         min_seconds=peak_s))
@@ -218,7 +220,8 @@ def measure(args) -> dict:
     rows = []
     for (amp, th), rec in res.items():
         row = {"amp": amp, "dtype": str(dtypes[amp]).replace("torch.", ""), "threads": th,
-               "peak_gflops": rec["peak"] / 1e9, "shape_peak_gflops": rec["shape_peak"] / 1e9}
+               "peak_gflops": rec["peak"] / 1e9, "shape_peak_gflops": rec["shape_peak"] / 1e9,
+               "chunk_rows": rec.get("chunk_rows")}
         for ph in PHASES:
             best = min(rec[ph])
             row[f"{ph}_s_best"] = best
@@ -232,6 +235,7 @@ def measure(args) -> dict:
         for amp in args.amp[:1] if args.quick else args.amp:
             torch.set_num_threads(args.threads[0])
             tr, _ = trainers[amp]
+            tr.resolve_chunk_rows()
             profiles[f"{amp}-t{args.threads[0]}"] = profile(tr, epoch[amp], 1 if args.quick else 2)
             epoch[amp] += 2
     return {

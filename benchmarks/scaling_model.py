@@ -1152,7 +1152,7 @@ def report(r: dict) -> str:
           f" ms/epoch; the least disturbed, {ep['mean_s'] * 1e3:.1f} ms/epoch, is the local epoch_s (its "
           f"per-epoch CV {ep['cv']:.2f}, robust {ep['robust_cv']:.2f}, is the local jitter).\n")
         if ep.get("corun_s"):
-            w(f"Co-run timing (the same ensemble with one rank per core, no exchange): " +
+            w("Co-run timing (the same ensemble with one rank per core, no exchange): " +
               ", ".join(f"{t * 1e3:.1f}" for t in ep["corun_s"]) + f" ms/epoch; the least disturbed over the "
               f"single-rank epoch_s is the co-run factor {ep['corun_factor']:.2f}: how much slower a rank computes "
               "while the other core computes too (shared caches, memory bandwidth, clocks). The local profile "

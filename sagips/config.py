@@ -69,6 +69,10 @@ class TrainConfig:
                      "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "
                      "training states keep both; 0 = off (the paper)", min=0.0, max=0.999999)
     fused_adam: bool = opt(True, "use the fused Adam kernel where torch supports it (CUDA)")
+    chunk_rows: int = opt(-1, "critic passes in chunks of this many rows, each chunk's forward and backward back to "
+                          "back while its activations are in cache (the same loss and gradients up to float "
+                          "rounding; sagips/chunked.py); 0 = the whole batch at once; -1 = auto (0 on CUDA, on CPU "
+                          "the rows whose critic activations fill 8 MiB per thread)", min=-1)
     profile: bool = opt(False, "named profiler ranges (sagips/epoch, critic, generator, data, exchange, log): NVTX on "
                         "CUDA (for nsys) and torch.profiler.record_function everywhere; off = no cost")
 

@@ -18,6 +18,9 @@ The trainer's epoch loop, in terms of this protocol::
     real = env.real_batch()
     fake = env.synthesize(G, real)                      # differentiable w.r.t. G
     loss_g, extras = env.g_loss(D, real, fake)          # backward, then the gradient exchange, then G step
+
+Losses that are sums over rows should go through `self.critic_loss(fn, inputs, D)`: on a CPU it runs the critic in
+cache-sized row chunks (`train.chunk_rows`, sagips/chunked.py), with the same loss and gradients.
 """
 from __future__ import annotations
 
@@ -39,6 +42,9 @@ class Environment(abc.ABC):
     #: names of the HDF5 datasets of the reference data, with their expected number of columns
     datasets: ClassVar[dict[str, int]]
     n_critic: int = 1  #: critic steps per generator step
+    #: rows per chunk of the critic's passes (set by the trainer from train.chunk_rows; 0 = whole batch); see
+    #: `critic_loss` and sagips/chunked.py
+    chunk_rows: int = 0
 
     def __init__(self, cfg: Any, device: torch.device, seed: int):
         self.cfg = cfg
@@ -79,6 +85,13 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def g_loss(self, D: torch.nn.Module, real: Any, fake: Any) -> tuple[torch.Tensor, dict[str, float]]:
         """Generator loss, and extra scalar tensors to log (e.g. the norm loss)."""
+
+    def critic_loss(self, fn, inputs, D: torch.nn.Module) -> torch.Tensor:
+        """sum over row chunks of fn(*row slices of inputs), differentiable w.r.t. the inputs and D's parameters,
+        in chunks of `chunk_rows` (sagips.chunked.chunked_loss): for losses that are sums over rows."""
+        from sagips.chunked import chunked_loss
+
+        return chunked_loss(fn, inputs, D.parameters(), self.chunk_rows)
 
     @property
     @abc.abstractmethod

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sagips.chunked import auto_chunk_rows
 from sagips.comm.buffer import GradBuffer
 from sagips.config import Config
 from sagips.environment import Environment
@@ -96,6 +97,7 @@ class Trainer:
         self.opt_g = torch.optim.Adam(self.G.parameters(), lr=t.lr_g, betas=(t.beta1, t.beta2), fused=fused or None)
         self.opt_d = torch.optim.Adam(self.D.parameters(), lr=t.lr_d, betas=(t.beta1, t.beta2), fused=fused or None)
         self.amp_dtype = amp_dtype(t.amp, env.device)
+        self.resolve_chunk_rows()
         # fp16 needs loss scaling; bf16 has float32's exponent range and does not
         scaling = self.amp_dtype == torch.float16
         self.scaler_d = torch.amp.GradScaler(env.device.type, enabled=scaling)
@@ -112,6 +114,13 @@ class Trainer:
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
         self.G_ema: torch.nn.Module | None = None  #: train.ema > 0: the averaged generator (made at its first update)
         self.ema_steps = 0
+
+    def resolve_chunk_rows(self) -> int:
+        """Set env.chunk_rows from train.chunk_rows for this process's threads and the autocast dtype."""
+        elem = 4 if self.amp_dtype is None else torch.finfo(self.amp_dtype).bits // 8
+        self.env.chunk_rows = auto_chunk_rows(self.cfg.train.chunk_rows, self.env.device, self.D,
+                                              torch.get_num_threads(), elem)
+        return self.env.chunk_rows
 
     @property
     def G_eval(self) -> torch.nn.Module:

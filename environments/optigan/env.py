@@ -287,16 +287,26 @@ class OptiGAN(Environment):
 
     def d_loss(self, D, real, fake) -> torch.Tensor:
         # under the trainer's train.amp the forwards run in bf16/fp16; the gradient penalty always runs in fp32
-        d_real = D(real).float().mean()
-        d_fake = D(fake).float().mean()
+        n = len(real)
         scale = D.in_std[:PHOTON_DIM] if isinstance(D, OptiGANCritic) else None
-        gp = gradient_penalty(D, real[:, :PHOTON_DIM], fake[:, :PHOTON_DIM], self.cfg.gp_lambda,
-                              cond=real[:, PHOTON_DIM:], scale=scale, generator=self.gen)
-        self._last = {"w_dist": (d_real - d_fake).detach(), "gp": gp.detach()}
-        return d_fake - d_real + gp
+        eps = torch.rand((n, 1), generator=self.gen, device=real.device, dtype=torch.float32)
+        parts = []  # per chunk: (E[D(real)] - E[D(fake)], penalty) contributions, for the log
+
+        def rows(r, f, e):  # every term is a sum over rows / n: the chunks add up to the batch's means
+            w_dist = (D(r).float().sum() - D(f).float().sum()) / n
+            gp = gradient_penalty(D, r[:, :PHOTON_DIM], f[:, :PHOTON_DIM], self.cfg.gp_lambda,
+                                  cond=r[:, PHOTON_DIM:], scale=scale, eps=e, rows=n)
+            parts.append(torch.stack((w_dist.detach(), gp.detach())))
+            return gp - w_dist
+
+        loss = self.critic_loss(rows, (real, fake, eps), D)
+        w_dist, gp = torch.stack(parts).sum(0)
+        self._last = {"w_dist": w_dist, "gp": gp}
+        return loss
 
     def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return -D(fake).float().mean(), dict(self._last)
+        n = len(fake)
+        return self.critic_loss(lambda f: -D(f).float().sum() / n, (fake,), D), dict(self._last)
 
     @property
     def events_per_epoch(self) -> int:

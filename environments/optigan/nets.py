@@ -164,17 +164,21 @@ class OptiGANCritic(nn.Module):
 
 def gradient_penalty(critic, real: torch.Tensor, fake: torch.Tensor, lam: float = 10.0,
                      cond: torch.Tensor | None = None, scale: torch.Tensor | None = None,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None, eps: torch.Tensor | None = None,
+                     rows: int | None = None) -> torch.Tensor:
     """WGAN-GP (Gulrajani et al. 2017): lam * E[(||grad_x D(x_hat)||_2 - 1)^2] on x_hat = eps real + (1-eps) fake.
 
     `real`, `fake`: (B, k) samples; `cond` (B, c): the conditions, concatenated after x_hat and held fixed (the
     penalty is on the gradient with respect to the photon only). `scale` (k,): measure the gradient in the
     coordinates x / scale, i.e. multiply it by scale (the critic's input standard deviations: the penalty is then
     the one of a critic fed with standardised inputs, as the networks see them). For a linear critic
-    D(x) = w . x the penalty is exactly lam * (|w * scale| - 1)^2.
+    D(x) = w . x the penalty is exactly lam * (|w * scale| - 1)^2. `eps` (B, 1): the interpolation weights (default:
+    drawn U(0, 1) from `generator`). `rows`: divide the sum over the B rows by this count instead of B (a chunk of
+    a larger batch: the chunks' values then add up to the batch's mean).
     """
     real, fake = real.detach().float(), fake.detach().float()
-    eps = torch.rand((real.shape[0], 1), generator=generator, device=real.device, dtype=real.dtype)
+    if eps is None:
+        eps = torch.rand((real.shape[0], 1), generator=generator, device=real.device, dtype=real.dtype)
     x_hat = torch.lerp(fake, real, eps).requires_grad_(True)
     inp = x_hat if cond is None else torch.cat([x_hat, cond.float()], dim=1)
     # float32 even inside the trainer's autocast: the inner gradient of an fp16 pass could underflow, and it is
@@ -184,4 +188,4 @@ def gradient_penalty(critic, real: torch.Tensor, fake: torch.Tensor, lam: float 
         (grad,) = torch.autograd.grad(out.sum(), x_hat, create_graph=True)
     if scale is not None:
         grad = grad * scale
-    return lam * ((grad.norm(2, dim=1) - 1.0) ** 2).mean()
+    return lam * ((grad.norm(2, dim=1) - 1.0) ** 2).sum() / (rows or real.shape[0])

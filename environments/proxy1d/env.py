@@ -89,7 +89,7 @@ class Proxy1D(Environment):
         self._n_fake = cfg.param_samples * cfg.events_per_sample
         # preallocated label tensors for the adversarial losses (no per-step allocation)
         self._ones = torch.ones(self._n_fake, 1, device=dev)
-        self._zeros = torch.zeros(self._n_fake, 1, device=dev)
+        self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=dev)))  # d_loss's targets
 
     # -- reference data ---------------------------------------------------------------------------------------
     @classmethod
@@ -156,10 +156,11 @@ class Proxy1D(Environment):
         events, norms = theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen)
         return events, norms, unit
 
-    def _adv(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def _adv_sum(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The adversarial loss summed over rows (callers divide by the row count: a mean over chunks)."""
         if self.cfg.loss == "bce":
-            return F.binary_cross_entropy_with_logits(logits, target)
-        return F.mse_loss(logits, target)
+            return F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+        return F.mse_loss(logits, target, reduction="sum")
 
     def _view(self, events: torch.Tensor) -> torch.Tensor:
         """The discriminator's input (a fixed, invertible map of the events)."""
@@ -167,11 +168,11 @@ class Proxy1D(Environment):
 
     def d_loss(self, D, real, fake) -> torch.Tensor:
         events = fake[0]
-        # One critic forward on real and fake rows together: the same two losses as D(real) and D(fake) (the critic
-        # has no batch statistics), with each layer one matmul on 2N rows instead of two on N.
+        # One critic pass over real and fake rows together: the same two mean losses as D(real) and D(fake) (the
+        # critic has no batch statistics), in row chunks that stay in cache (Environment.critic_loss).
         n = len(real)
-        logits = D(self._view(torch.cat((real, events))))
-        return self._adv(logits[:n], self._ones) + self._adv(logits[n:], self._zeros)
+        return self.critic_loss(lambda x, t: self._adv_sum(D(x), t) / n,
+                                (self._view(torch.cat((real, events))), self._real_fake), D)
 
     @staticmethod
     def spread(unit: torch.Tensor) -> torch.Tensor:
@@ -180,7 +181,8 @@ class Proxy1D(Environment):
 
     def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         events, norms, unit = fake
-        adv = self._adv(D(self._view(events)), self._ones)
+        n = len(events)
+        adv = self.critic_loss(lambda x, t: self._adv_sum(D(x), t) / n, (self._view(events), self._ones), D)
         norm_loss = F.mse_loss(norms, self.ref_norms.expand_as(norms))
         loss = adv + self.cfg.norm_weight * norm_loss
         extras = {"norm_loss": norm_loss}
