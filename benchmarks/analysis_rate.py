@@ -3,6 +3,8 @@
     python benchmarks/analysis_rate.py                 # N = 1 2 4, 3 interleaved repeats  -> docs/benchmarks/
     python benchmarks/analysis_rate.py --quick         # N = 1 2, one repeat (a smoke run, ~2 min)
     python benchmarks/analysis_rate.py --ranks 1 2 4 8 # 8 is oversubscribed on a 2-core machine and flagged so
+    python benchmarks/analysis_rate.py --sweep 4 16 64 256 --repeats 3   # N = 2 only: the ratio to DDP against the
+                                                       # batch (parameter sets x 100 events per epoch)
 
 Every point is one `python -m sagips.run` (or `python -m sagips.ddp`) under `mpiexec -n N`, with the same preset,
 networks, batch and pipeline (configs/proxy1d-quick.yaml; `--paper-batch` for the paper's 1024 x 100 events), one
@@ -13,6 +15,8 @@ time is T / N_epochs. Runs of the different modes are interleaved (repeat r of e
 and the median over repeats is reported, because the machine is shared.
 
 Target (issue #6): the per-epoch time of `arar-arar` and `rma-arar-arar` <= 0.8 x that of DDP-gloo at N = 2.
+The ratio depends on how much of an epoch the exchange is, so `--sweep` measures it at N = 2 against the batch
+(analysis_rate_sweep.{json,png,md}): the same peers, the same preset, only `environment.param_samples` changes.
 """
 from __future__ import annotations
 
@@ -28,8 +32,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from sagips.perf import cpu_name  # noqa: E402
+
 OUT = REPO / "docs" / "benchmarks"
 PEERS = ["ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar", "ddp-gloo"]
+SWEEP_PEERS = ["ensemble", "arar-arar", "rma-arar-arar", "ddp-gloo"]
 TARGET = 0.8
 
 
@@ -183,6 +191,85 @@ ensemble's, whatever the exchange costs.
 """)
 
 
+# ------------------------------------------------------------------------------------------------ batch sweep
+def sweep_rows(records: list[dict]) -> list[dict]:
+    """Median epoch per (events per epoch, peer) at N = 2, its ratio to DDP-gloo's and its excess over the
+    ensemble's (the exchange's cost)."""
+    rows = []
+    for ev in sorted({r["events_per_epoch"] for r in records}):
+        med = {}
+        for peer in SWEEP_PEERS:
+            rs = [r["epoch_s"] for r in records if r["events_per_epoch"] == ev and r["peer"] == peer]
+            if rs:
+                med[peer] = (statistics.median(rs), rs)
+        for peer, (ep, rs) in med.items():
+            ddp, ens = med.get("ddp-gloo", (None,))[0], med.get("ensemble", (None,))[0]
+            rows.append({"events_per_epoch": ev, "peer": peer, "epoch_s": ep, "epoch_s_all": rs,
+                         "epoch_vs_ddp": ep / ddp if ddp else None,
+                         "exchange_s": ep - ens if ens is not None else None})
+    return rows
+
+
+def sweep_figure(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for peer in SWEEP_PEERS:
+        pts = [r for r in rows if r["peer"] == peer]
+        style = "k--" if peer == "ddp-gloo" else "-"
+        a1.plot([r["events_per_epoch"] for r in pts], [r["epoch_vs_ddp"] for r in pts], style, marker="o", label=peer)
+        a2.plot([r["events_per_epoch"] for r in pts], [r["epoch_s"] * 1e3 for r in pts], style, marker="o",
+                label=peer)
+    a1.axhline(TARGET, color="r", lw=1, ls=":", label=f"target {TARGET}")
+    a1.set_ylabel("per-epoch time / DDP-gloo's (N = 2)")
+    a2.set_ylabel("time per epoch [ms] (slowest rank, N = 2)")
+    a2.set_yscale("log")
+    for ax in (a1, a2):
+        ax.set_xscale("log")
+        ax.set_xlabel("events per epoch (parameter sets x 100)")
+        ax.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def sweep_report(rows: list[dict], meta: dict, path: Path) -> None:
+    lines = ["| events / epoch | peer | epoch [ms] | vs DDP-gloo | exchange cost [ms] (− ensemble's) | repeats (ms) |",
+             "|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        vs = "" if r["epoch_vs_ddp"] is None else f"{r['epoch_vs_ddp']:.2f}"
+        ex = "" if r["exchange_s"] is None or r["peer"] == "ensemble" else f"{r['exchange_s'] * 1e3:.2f}"
+        lines.append(f"| {r['events_per_epoch']:,} | {r['peer']} | {r['epoch_s'] * 1e3:.2f} | {vs} | {ex} | "
+                     f"{', '.join(f'{x * 1e3:.1f}' for x in r['epoch_s_all'])} |")
+    verdict = []
+    for peer in ("arar-arar", "rma-arar-arar"):
+        met = [r["events_per_epoch"] for r in rows if r["peer"] == peer and r["epoch_vs_ddp"] is not None
+               and r["epoch_vs_ddp"] <= TARGET]
+        verdict.append(f"- `{peer}`: <= {TARGET} x DDP-gloo at "
+                       + (", ".join(f"{e:,}" for e in met) + " events per epoch" if met else "no batch measured"))
+    path.write_text(f"""# Analysis rate at N = 2 against the batch: SAGIPS modes beside torch DDP (gloo)
+
+Command: `{meta['command']}`
+
+Machine: {meta['machine']}; run {meta['date']}; load average before/after {meta['load_before']} /
+{meta['load_after']}. Preset: configs/proxy1d-quick.yaml with `environment.param_samples` = P (P x 100 events per
+epoch), {meta['epochs']} epochs per run, 2 ranks on one host, one torch thread each; {meta['repeats']} interleaved
+repeat(s), medians shown. Everything else as in [analysis_rate.md](analysis_rate.md).
+
+{chr(10).join(lines)}
+
+![ratio to DDP against the batch]({meta['figure']})
+
+Where the per-epoch target (<= {TARGET} x DDP-gloo at N = 2) holds:
+
+{chr(10).join(verdict)}
+""")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
@@ -194,9 +281,19 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--report", type=Path, metavar="JSON", help="only rewrite the .md and .png from a saved .json")
+    ap.add_argument("--sweep", type=int, nargs="+", metavar="P",
+                    help="instead of the N table: N = 2, parameter sets per epoch P (x 100 events) for each P")
     args = ap.parse_args()
+    if args.sweep:
+        return run_sweep(args)
     if args.report:
         saved = json.loads(args.report.read_text())
+        if saved["meta"].get("sweep"):
+            rows, stem = sweep_rows(saved["records"]), args.report.with_suffix("")
+            sweep_figure(rows, stem.with_suffix(".png"))
+            sweep_report(rows, saved["meta"], stem.with_suffix(".md"))
+            print(f"wrote {stem}.{{png,md}}")
+            return 0
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         rows, meta = summarize(saved["records"], cores), saved["meta"]
         stem = args.report.with_suffix("")
@@ -222,7 +319,7 @@ def main() -> int:
     rows = summarize(records, cores)
     stem = "analysis_rate_paper_batch" if args.paper_batch else "analysis_rate"
     meta = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
-            "machine": f"{cores} cores, {os.uname().machine}, CPU only", "figure": f"{stem}.png",
+            "machine": f"{cores} cores, {cpu_name()}, CPU only", "figure": f"{stem}.png",
             "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()], "epochs": args.epochs, "repeats": args.repeats,
             "events_per_epoch": records[0]["events_per_epoch"], "paper_batch": args.paper_batch}
@@ -230,6 +327,33 @@ def main() -> int:
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "records": records}, indent=1) + "\n")
     figure(rows, args.out / f"{stem}.png")
     report(rows, meta, args.out / f"{stem}.md")
+    print(f"wrote {args.out / stem}.{{json,png,md}}")
+    return 0
+
+
+def run_sweep(args) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    records = []
+    with tempfile.TemporaryDirectory(prefix="sagips-rate-") as tmp:
+        for rep in range(args.repeats):
+            for ps in args.sweep:
+                for peer in SWEEP_PEERS:
+                    rec = one_run(Path(tmp), peer, 2, args.epochs, [f"environment.param_samples={ps}"], args.timeout)
+                    rec["repeat"] = rep
+                    records.append(rec)
+                    print(f"repeat {rep} P={ps:5d} {peer:14s} epoch {rec['epoch_s'] * 1e3:7.2f} ms", flush=True)
+    stem = "analysis_rate_sweep"
+    meta = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
+            "machine": f"{cores} cores, {cpu_name()}, CPU only", "figure": f"{stem}.png",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()], "epochs": args.epochs, "repeats": args.repeats,
+            "sweep": args.sweep}
+    rows = sweep_rows(records)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "records": records}, indent=1) + "\n")
+    sweep_figure(rows, args.out / f"{stem}.png")
+    sweep_report(rows, meta, args.out / f"{stem}.md")
     print(f"wrote {args.out / stem}.{{json,png,md}}")
     return 0
 

@@ -81,3 +81,57 @@ def test_energy_bounds_fold_ekine_into_the_data_range():
     with torch.no_grad():
         raw = free(x)[:, 5]
     assert raw.min() < e.min() - 0.1 or raw.max() > e.max() + 0.1
+
+
+def test_images_flip_the_direction_with_each_mirror_of_its_position():
+    """A straight track across specular lateral walls (the method of images): unfold, fold, compare with tracing."""
+    from sagips_environments.optigan.nets import flip_with_images
+
+    half, s = 1.5, 0.7
+    lo = torch.tensor([-half, -half, -s, -s, 0.7, -torch.inf])
+    hi = torch.tensor([half, half, s, s, 1.0, torch.inf])
+    rng = np.random.default_rng(4)
+    x0, dx = rng.uniform(-half, half, 200), rng.uniform(-s, s, 200)
+    t = rng.uniform(0.0, 12.0, 200)  # path lengths across up to ~4 walls
+    # trace: bounce between the walls, flipping the direction at each hit
+    x_end, d_end = x0.copy(), dx.copy()
+    for k in range(200):
+        left = t[k]
+        x, d = x0[k], dx[k]
+        while left > 0:
+            wall = half if d > 0 else -half
+            step = (wall - x) / d
+            if step >= left:
+                x += d * left
+                left = 0
+            else:
+                x, d, left = wall, -d, left - step
+        x_end[k], d_end[k] = x, d
+    y = torch.zeros(200, 6)
+    y[:, 0] = torch.as_tensor(x0 + dx * t, dtype=torch.float32)  # the unfolded track
+    y[:, 2] = torch.as_tensor(dx, dtype=torch.float32)
+    y[:, 4] = 0.8
+    out = reflect_into(flip_with_images(y, lo, hi, ((0, 2),)), lo, hi)
+    assert np.allclose(out[:, 0].numpy(), x_end, atol=1e-4)
+    assert np.array_equal(np.sign(out[:, 2].numpy()), np.sign(d_end))
+    assert np.allclose(out[:, 2].numpy(), d_end, atol=1e-6)
+    # without the pairs (plain reflect) the direction never changes sign: the tracing disagrees somewhere
+    assert not np.array_equal(np.sign(reflect_into(y, lo, hi)[:, 2].numpy()), np.sign(d_end))
+
+
+def test_output_bounds_images_in_the_environment():
+    torch.manual_seed(2)
+    x = torch.cat([5 * torch.randn(3000, 10), torch.rand(3000, 3)], 1)
+    G = _env(output_bounds="images").build_generator()
+    R = _env(output_bounds="reflect").build_generator()
+    R.load_state_dict(G.state_dict())
+    with torch.no_grad():
+        for net in (G, R):
+            for p in net.model.parameters():
+                p.mul_(4.0)
+        out, ref = G(x), R(x)
+    assert G.images == ((0, 2), (1, 3)) and R.images == ()
+    assert torch.allclose(out[:, [0, 1, 4, 5]], ref[:, [0, 1, 4, 5]])  # positions, dZ, EKine: as reflect
+    assert torch.allclose(out[:, 2:4].abs(), ref[:, 2:4].abs(), atol=1e-4)  # directions: up to sign
+    flipped = (out[:, 2:4] * ref[:, 2:4] < 0).float().mean()
+    assert 0.1 < float(flipped) < 0.9
