@@ -78,13 +78,10 @@ class OptiGANConfig:
     output_bounds: str = opt("none", "'reflect': fold the generator's outputs into the crystal's physical bounds by "
                              "mirror reflection (X, Y on the exit face [-W/2, W/2]; dZ in [cos θc, 1] and dX, dY in "
                              "[-sin θc, sin θc] from Snell's law at the exit face, from crystal_width and "
-                             "scintillator; EKine free); 'images': the same, and dX (dY) changes sign wherever X (Y) "
-                             "is mirrored an odd number of times, as a track's direction does at each specular "
-                             "reflection off a lateral face (the method of images: the generator learns the "
-                             "unfolded track); neither is in an opengate export; 'none': raw linear output "
-                             "(opengate, the paper)", choices=("none", "reflect", "images"))
-    energy_bounds: bool = opt(False, "with output_bounds=reflect or images, also fold EKine into the training "
-                              "data's [min, max] (the observed spectrum's support; the same on every rank)")
+                             "scintillator; EKine free); not in an opengate export; 'none': raw linear output "
+                             "(opengate, the paper)", choices=("none", "reflect"))
+    energy_bounds: bool = opt(False, "with output_bounds=reflect, also fold EKine into the training data's "
+                              "[min, max] (the observed spectrum's support; the same on every rank)")
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -225,11 +222,11 @@ class OptiGAN(Environment):
         G = OptiGANGenerator(c.noise_dim, c.hidden)
         if c.standardize and self._std is not None:
             G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
-        if c.output_bounds in ("reflect", "images"):
+        if c.output_bounds == "reflect":
             lo, hi = output_bounds(self.crystal(c))
             if c.energy_bounds and self._energy_range is not None and self._energy_range[1] > self._energy_range[0]:
                 lo[5], hi[5] = self._energy_range
-            G.set_bounds(lo, hi, images=((0, 2), (1, 3)) if c.output_bounds == "images" else ())
+            G.set_bounds(lo, hi)
         if c.init_generator:
             from .opengate import load_weights_into
 

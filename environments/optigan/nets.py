@@ -65,28 +65,16 @@ class OptiGANGenerator(nn.Module):
         self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=False)
         self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=False)
         self.bounded = False
-        self.images: tuple[tuple[int, int], ...] = ()  #: (position, direction) output pairs (set_bounds)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         noise, cond = x[:, :self.noise_dim], x[:, self.noise_dim:]
         h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
         out = torch.addcmul(self.out_mean, self.model(h), self.out_std)
-        if not self.bounded:
-            return out
-        if self.images:
-            out = flip_with_images(out, self.out_lo, self.out_hi, self.images)
-        return reflect_into(out, self.out_lo, self.out_hi)
+        return reflect_into(out, self.out_lo, self.out_hi) if self.bounded else out
 
     @torch.no_grad()
-    def set_bounds(self, lo, hi, images: tuple[tuple[int, int], ...] = ()) -> None:
-        """Fold each output into [lo, hi] by reflection at the bounds (+-inf: that output is left alone).
-
-        `images`: (position, direction) column pairs, e.g. ((0, 2), (1, 3)) for (X, dX) and (Y, dY): the direction
-        changes sign where its position is mirrored an odd number of times, as a track does at each specular
-        reflection off a lateral face (the method of images). The direction's own bounds must then be symmetric
-        about 0, so that the sign flip and its fold commute.
-        """
-        self.images = tuple((int(a), int(b)) for a, b in images)
+    def set_bounds(self, lo, hi) -> None:
+        """Fold each output into [lo, hi] by reflection at the bounds (+-inf: that output is left alone)."""
         self.out_lo.copy_(torch.as_tensor(lo, dtype=torch.float32))
         self.out_hi.copy_(torch.as_tensor(hi, dtype=torch.float32))
         if not bool((self.out_hi > self.out_lo).all()):
@@ -138,18 +126,6 @@ def reflect_into(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
     t = torch.remainder(y - lo_f, 2.0 * w)
     folded = lo_f + w - (t - w).abs()
     return torch.where(finite, folded, y)
-
-
-def flip_with_images(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
-                     pairs: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    """For each (position i, direction j) pair: y[:, j] times -1 where reflect_into mirrors y[:, i] an odd number of
-    times (the falling half of its triangle wave), else +1. Positions are not folded here."""
-    out = y.clone()
-    for i, j in pairs:
-        w = hi[i] - lo[i]
-        odd = torch.remainder(y[:, i] - lo[i], 2.0 * w) > w
-        out[:, j] = torch.where(odd, -y[:, j], y[:, j])
-    return out
 
 
 class OptiGANCritic(nn.Module):
