@@ -68,7 +68,8 @@ class TrainConfig:
     ema: float = opt(0.0, "decay of an exponential moving average of the generator's weights (e.g. 0.999), kept on "
                      "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "
                      "training states keep both; 0 = off (the paper)", min=0.0, max=0.999999)
-    fused_adam: bool = opt(True, "use the fused Adam kernel where torch supports it (CUDA)")
+    fused_adam: bool = opt(True, "use the fused Adam kernel where torch has one for the device (CUDA; CPU since "
+                           "torch 2.4), else the default Adam")
     chunk_rows: int = opt(-1, "critic passes in chunks of this many rows, each chunk's forward and backward back to "
                           "back while its activations are in cache (the same loss and gradients up to float "
                           "rounding; sagips/chunked.py); 0 = the whole batch at once; -1 = auto (0 on CUDA, on CPU "

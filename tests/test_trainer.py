@@ -159,3 +159,25 @@ def test_ema_is_checkpointed_and_resumes_bit_identical(tmp_path):
     for name, m_ref, m_res in (("G", ref.G, resumed.G), ("G_ema", ref.G_ema, resumed.G_ema)):
         for (k, a), b in zip(m_ref.state_dict().items(), m_res.state_dict().values()):
             assert torch.equal(a, b), f"{name}.{k} differs after resume"
+
+
+def test_fused_adam_on_cpu_matches_the_default_adam():
+    from sagips.trainer import make_adam
+
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    fused = make_adam(nets[0].parameters(), 1e-2, (0.5, 0.9), fused=True)
+    plain = make_adam(nets[1].parameters(), 1e-2, (0.5, 0.9), fused=False)
+    assert not plain.defaults.get("fused")
+    for _ in range(5):
+        g = [torch.randn_like(p) for p in nets[0].parameters()]
+        for net, opt in zip(nets, (fused, plain)):
+            for p, gi in zip(net.parameters(), g):
+                p.grad = gi.clone()
+            opt.step()
+    for a, b in zip(nets[0].parameters(), nets[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # torch >= 2.4 has a CPU kernel: it must be the one in use
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    assert bool(fused.defaults.get("fused")) == ((major, minor) >= (2, 4))
