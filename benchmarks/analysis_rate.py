@@ -37,7 +37,7 @@ from sagips.perf import cpu_name  # noqa: E402
 
 OUT = REPO / "docs" / "benchmarks"
 PEERS = ["ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar", "ddp-gloo"]
-SWEEP_PEERS = ["ensemble", "arar-arar", "rma-arar-arar", "ddp-gloo"]
+SWEEP_PEERS = ["ensemble", "arar", "arar-arar", "rma-arar-arar", "ddp-gloo"]
 TARGET = 0.8
 
 
@@ -92,19 +92,33 @@ def summarize(records: list[dict], cores: int) -> list[dict]:
     return rows
 
 
-def figure(rows: list[dict], path: Path) -> None:
+def _two_panels(rows: list[dict], x: str, left, peers: list[str]):
+    """A figure of two panels, one line per peer: left(row) on the left, the epoch time [ms] on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for peer in PEERS:
+    for peer in peers:
         pts = [r for r in rows if r["peer"] == peer]
         if pts:
             style = "k--" if peer == "ddp-gloo" else "-"
-            a1.plot([r["n"] for r in pts], [r["rate"] for r in pts], style, marker="o", label=peer)
-            a2.plot([r["n"] for r in pts], [r["epoch_s"] * 1e3 for r in pts], style, marker="o", label=peer)
+            a1.plot([r[x] for r in pts], [left(r) for r in pts], style, marker="o", label=peer)
+            a2.plot([r[x] for r in pts], [r["epoch_s"] * 1e3 for r in pts], style, marker="o", label=peer)
+    return plt, fig, a1, a2
+
+
+def _noise(rows: list[dict]) -> str:
+    spreads = [(max(r["epoch_s_all"]) - min(r["epoch_s_all"])) / r["epoch_s"] for r in rows if len(r["epoch_s_all"]) > 1]
+    if not spreads:
+        return "One repeat only: the noise of a configuration is not measured. "
+    return (f"The repeats of one configuration differ by {100 * statistics.median(spreads):.0f}% of its epoch time "
+            f"(median over the rows; up to {100 * max(spreads):.0f}%): differences below that are noise. ")
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    plt, fig, a1, a2 = _two_panels(rows, "n", lambda r: r["rate"], PEERS)
     ns = sorted({r["n"] for r in rows})
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
@@ -145,10 +159,7 @@ def report(rows: list[dict], meta: dict, path: Path) -> None:
             rel = f"{r['exchange_s'] / ddp['exchange_s']:.2f}" if ddp and ddp["exchange_s"] and ddp["exchange_s"] > 0 \
                 else ""
             over.append(f"| {r['n']} | {r['peer']} | {r['exchange_s'] * 1e3:.1f} | {rel} |")
-    spreads = [(max(r["epoch_s_all"]) - min(r["epoch_s_all"])) / r["epoch_s"] for r in rows if len(r["epoch_s_all"]) > 1]
-    noise = (f"The repeats of one configuration differ by {100 * statistics.median(spreads):.0f}% of its epoch time "
-             f"(median over the rows; up to {100 * max(spreads):.0f}%): differences below that are noise. "
-             if spreads else "One repeat only: the noise of a configuration is not measured. ")
+    noise = _noise(rows)
     if "ensemble" in n2 and n2["ensemble"]["epoch_vs_ddp"] is not None:
         verdict.append(f"- The floor: `ensemble` (the same compute, no exchange at all) runs at "
                        f"{n2['ensemble']['epoch_vs_ddp']:.2f} x DDP-gloo's per-epoch time at N = 2; no exchange "
@@ -187,7 +198,9 @@ same cores. The compute per epoch is the same for every peer, so the ratio shrin
 
 The table above isolates the exchange: each peer's epoch minus the ensemble's (same compute, no exchange) at the
 same N. {noise}When the compute dominates the epoch, as here, the per-epoch ratio to DDP cannot fall below the
-ensemble's, whatever the exchange costs.
+ensemble's, whatever the exchange costs. Where the exchange is a larger part of the epoch (smaller batches), see
+[analysis_rate_sweep.md](analysis_rate_sweep.md): the same comparison at N = 2 against the batch
+(`--sweep P ...`).
 """)
 
 
@@ -211,18 +224,7 @@ def sweep_rows(records: list[dict]) -> list[dict]:
 
 
 def sweep_figure(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for peer in SWEEP_PEERS:
-        pts = [r for r in rows if r["peer"] == peer]
-        style = "k--" if peer == "ddp-gloo" else "-"
-        a1.plot([r["events_per_epoch"] for r in pts], [r["epoch_vs_ddp"] for r in pts], style, marker="o", label=peer)
-        a2.plot([r["events_per_epoch"] for r in pts], [r["epoch_s"] * 1e3 for r in pts], style, marker="o",
-                label=peer)
+    plt, fig, a1, a2 = _two_panels(rows, "events_per_epoch", lambda r: r["epoch_vs_ddp"], SWEEP_PEERS)
     a1.axhline(TARGET, color="r", lw=1, ls=":", label=f"target {TARGET}")
     a1.set_ylabel("per-epoch time / DDP-gloo's (N = 2)")
     a2.set_ylabel("time per epoch [ms] (slowest rank, N = 2)")
@@ -251,6 +253,14 @@ def sweep_report(rows: list[dict], meta: dict, path: Path) -> None:
                and r["epoch_vs_ddp"] <= TARGET]
         verdict.append(f"- `{peer}`: <= {TARGET} x DDP-gloo at "
                        + (", ".join(f"{e:,}" for e in met) + " events per epoch" if met else "no batch measured"))
+    floors = [r for r in rows if r["peer"] == "ensemble" and r["epoch_vs_ddp"] is not None]
+    closed = [f"{r['events_per_epoch']:,} ({r['epoch_vs_ddp']:.2f})" for r in floors if r["epoch_vs_ddp"] > TARGET]
+    if closed:
+        verdict.append(f"- Out of reach of any exchange scheme at {', '.join(closed)} events per epoch: there even "
+                       f"`ensemble` (the same compute, no exchange) is above {TARGET} x DDP-gloo (its ratio in "
+                       f"brackets), because DDP's exchange costs less than {100 * (1 - TARGET):.0f}% of the epoch.")
+    verdict.append(f"- {_noise(rows)}With one inner group, `arar-arar` is `arar` plus one broadcast every "
+                   f"`comm.outer_every` (100) epochs, so the differences between those two rows are this noise.")
     path.write_text(f"""# Analysis rate at N = 2 against the batch: SAGIPS modes beside torch DDP (gloo)
 
 Command: `{meta['command']}`
