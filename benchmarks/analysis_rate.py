@@ -260,7 +260,7 @@ def sweep_report(rows: list[dict], meta: dict, path: Path) -> None:
                        f"`ensemble` (the same compute, no exchange) is above {TARGET} x DDP-gloo (its ratio in "
                        f"brackets), because DDP's exchange costs less than {100 * (1 - TARGET):.0f}% of the epoch.")
     verdict.append(f"- {_noise(rows)}With one inner group, `arar-arar` is `arar` plus one broadcast every "
-                   f"`comm.outer_every` (100) epochs, so the differences between those two rows are this noise.")
+                   f"`comm.outer_every` epochs, so the differences between those two rows are this noise.")
     path.write_text(f"""# Analysis rate at N = 2 against the batch: SAGIPS modes beside torch DDP (gloo)
 
 Command: `{meta['command']}`
@@ -278,6 +278,19 @@ Where the per-epoch target (<= {TARGET} x DDP-gloo at N = 2) holds:
 
 {chr(10).join(verdict)}
 """)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _meta(stem: str, args, load_before: list[float], **extra) -> dict:
+    """What every page states about its run: command, machine, date, load, epochs, repeats."""
+    return {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
+            "machine": f"{_cores()} cores, {cpu_name()}, CPU only", "figure": f"{stem}.png",
+            "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
+            "load_after": [round(x, 2) for x in os.getloadavg()], "epochs": args.epochs, "repeats": args.repeats,
+            **extra}
 
 
 def main() -> int:
@@ -304,7 +317,7 @@ def main() -> int:
             sweep_report(rows, saved["meta"], stem.with_suffix(".md"))
             print(f"wrote {stem}.{{png,md}}")
             return 0
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = _cores()
         rows, meta = summarize(saved["records"], cores), saved["meta"]
         stem = args.report.with_suffix("")
         figure(rows, stem.with_suffix(".png"))
@@ -314,7 +327,7 @@ def main() -> int:
     if args.quick:
         args.ranks, args.epochs, args.repeats = [1, 2], 150, 1
     sets = ["environment.param_samples=1024", "environment.events_per_sample=100"] if args.paper_batch else []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     load_before = [round(x, 2) for x in os.getloadavg()]
     records = []
     with tempfile.TemporaryDirectory(prefix="sagips-rate-") as tmp:
@@ -328,11 +341,8 @@ def main() -> int:
                           f"rate {rec['rate']:12,.0f} events/s", flush=True)
     rows = summarize(records, cores)
     stem = "analysis_rate_paper_batch" if args.paper_batch else "analysis_rate"
-    meta = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
-            "machine": f"{cores} cores, {cpu_name()}, CPU only", "figure": f"{stem}.png",
-            "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()], "epochs": args.epochs, "repeats": args.repeats,
-            "events_per_epoch": records[0]["events_per_epoch"], "paper_batch": args.paper_batch}
+    meta = _meta(stem, args, load_before, events_per_epoch=records[0]["events_per_epoch"],
+                 paper_batch=args.paper_batch)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "records": records}, indent=1) + "\n")
     figure(rows, args.out / f"{stem}.png")
@@ -342,7 +352,6 @@ def main() -> int:
 
 
 def run_sweep(args) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     load_before = [round(x, 2) for x in os.getloadavg()]
     records = []
     with tempfile.TemporaryDirectory(prefix="sagips-rate-") as tmp:
@@ -354,11 +363,7 @@ def run_sweep(args) -> int:
                     records.append(rec)
                     print(f"repeat {rep} P={ps:5d} {peer:14s} epoch {rec['epoch_s'] * 1e3:7.2f} ms", flush=True)
     stem = "analysis_rate_sweep"
-    meta = {"command": "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]]),
-            "machine": f"{cores} cores, {cpu_name()}, CPU only", "figure": f"{stem}.png",
-            "date": time.strftime("%Y-%m-%d %H:%M"), "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()], "epochs": args.epochs, "repeats": args.repeats,
-            "sweep": args.sweep}
+    meta = _meta(stem, args, load_before, sweep=args.sweep)
     rows = sweep_rows(records)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "records": records}, indent=1) + "\n")
