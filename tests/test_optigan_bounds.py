@@ -65,6 +65,13 @@ def test_output_bounds_rejects_unknown_values():
         _env(output_bounds="clamp")
 
 
+def test_energy_bounds_without_reflect_is_an_error():
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError, match="output_bounds=reflect"):
+        _env(output_bounds="none", energy_bounds=True)
+
+
 def test_energy_bounds_fold_ekine_into_the_data_range():
     torch.manual_seed(1)
     x = torch.cat([5 * torch.randn(4000, 10), torch.rand(4000, 3)], 1)
