@@ -88,3 +88,53 @@ def test_energy_bounds_fold_ekine_into_the_data_range():
     with torch.no_grad():
         raw = free(x)[:, 5]
     assert raw.min() < e.min() - 0.1 or raw.max() > e.max() + 0.1
+
+
+def test_onto_unit_sphere_keeps_dz_and_azimuth():
+    from sagips_environments.optigan.nets import onto_unit_sphere
+
+    # (dX, dY) = (3, 4) has azimuth (0.6, 0.8); dZ = 0.8 leaves sqrt(1 - 0.64) = 0.6 for the transverse part
+    y = torch.tensor([[0.1, -0.2, 3.0, 4.0, 0.8, 2.5],
+                      [0.0, 0.0, -0.5, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    want = torch.tensor([[0.1, -0.2, 0.36, 0.48, 0.8, 2.5],
+                         [0.0, 0.0, -1e-6, 0.0, 1.0, 1.0]], dtype=torch.float64)
+    assert torch.allclose(onto_unit_sphere(y), want, atol=1e-5)
+    # finite gradients, even at dZ = 1 and at (dX, dY) = 0
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0, 2.0], [0.0, 0.0, 0.2, -0.1, 0.9, 2.0]], requires_grad=True)
+    onto_unit_sphere(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_unit_direction_puts_generated_directions_on_the_escape_cone():
+    torch.manual_seed(2)
+    x = torch.cat([5 * torch.randn(4000, 10), torch.rand(4000, 3)], 1)
+    env = _env(output_bounds="reflect", unit_direction=True)
+    G = env.build_generator()
+    with torch.no_grad():
+        for p in G.model.parameters():
+            p.mul_(4.0)
+        out = G(x)
+    cos_c = env.crystal(env.cfg).cos_critical
+    assert torch.allclose(out[:, 2:5].norm(dim=1), torch.ones(len(out)), atol=1e-5)
+    assert out[:, 4].min() >= cos_c - 1e-5
+    assert set(G.state_dict()) == set(_env().build_generator().state_dict())
+    # dZ, X, Y and EKine are those of the same weights without the option; only (dX, dY) change, along their azimuth
+    free = _env(output_bounds="reflect").build_generator()
+    free.load_state_dict(G.state_dict())
+    with torch.no_grad():
+        ref = free(x)
+    keep = [0, 1, 4, 5]
+    assert torch.allclose(out[:, keep], ref[:, keep], atol=1e-6)
+    cross = out[:, 2] * ref[:, 3] - out[:, 3] * ref[:, 2]
+    assert cross.abs().max() < 1e-5 and ((out[:, 2] * ref[:, 2] + out[:, 3] * ref[:, 3]) >= 0).all()
+    assert not torch.allclose(out[:, 2:4], ref[:, 2:4], atol=1e-3)  # the option does something
+    # the MC's own directions are unit vectors: the constraint is the data's
+    d = env.data[:, 2:5]
+    assert torch.allclose(d.norm(dim=1), torch.ones(len(d)), atol=1e-5)
+
+
+def test_unit_direction_without_reflect_is_an_error():
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unit_direction=true needs"):
+        _env(output_bounds="none", unit_direction=True)

@@ -59,7 +59,9 @@ def test_export_cli_of_a_trained_checkpoint(run, tmp_path, capsys):
     path = list_checkpoints(out)[0][6]
     dst = tmp_path / "model.pt"
     assert export_main([str(path), "--format", "opengate", "--out", str(dst)]) == 0
-    assert "critic: trained" in capsys.readouterr().out  # from the run's full state at the same epoch
+    printed = capsys.readouterr()
+    assert "critic: trained" in printed.out  # from the run's full state at the same epoch
+    assert "note:" not in printed.err  # no run.json saying the outputs were folded: nothing to warn about
     exported = torch.load(dst, map_location="cpu", weights_only=True)
     for k, v in trainer.D.fold().items():
         torch.testing.assert_close(exported["discriminator_state_dict"][k], v)
@@ -70,6 +72,27 @@ def test_export_cli_of_a_trained_checkpoint(run, tmp_path, capsys):
     with torch.no_grad():
         torch.testing.assert_close(plain(x), trainer.G(x), rtol=1e-4, atol=1e-4)
     assert export_main([str(dst), "--out", str(tmp_path / "x.pt")]) == 2  # not a SAGIPS checkpoint: a clear error
+
+
+def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
+    """A run trained with output folds (the quick preset) exports the unfolded network: say so, name the keys."""
+    import json
+    import shutil
+
+    from sagips.config import config_to_dict
+    from sagips_environments.optigan.export import main as export_main
+
+    out, trainer, _, _ = run
+    ckpt = tmp_path / "checkpoints" / "rank0000" / "epoch0000006.pt"
+    ckpt.parent.mkdir(parents=True)
+    shutil.copy(list_checkpoints(out)[0][6], ckpt)
+    cfg = config_to_dict(trainer.cfg)
+    cfg["environment"].update(output_bounds="reflect", energy_bounds=True, unit_direction=False)
+    (tmp_path / "run.json").write_text(json.dumps({"config": cfg}))
+    assert export_main([str(ckpt), "--out", str(tmp_path / "model.pt")]) == 0
+    err = capsys.readouterr().err
+    assert "note: this run trained with environment.output_bounds=reflect, energy_bounds=true;" in err
+    assert "unit_direction" not in err and err.count("\n") == 1
 
 
 def test_gpu_recipe_switches_run(tmp_path):

@@ -82,6 +82,9 @@ class OptiGANConfig:
                              "(opengate, the paper)", choices=("none", "reflect"))
     energy_bounds: bool = opt(False, "with output_bounds=reflect, also fold EKine into the training data's "
                               "[min, max] (the observed spectrum's support; the same on every rank)")
+    unit_direction: bool = opt(False, "with output_bounds=reflect, make each generated direction a unit vector: "
+                               "dZ as generated, (dX, dY) rescaled along their azimuth to sqrt(1 - dZ^2); not in "
+                               "an opengate export")
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -114,6 +117,9 @@ class OptiGANConfig:
         if self.energy_bounds and self.output_bounds != "reflect":
             raise ConfigError(f"environment.energy_bounds=true needs environment.output_bounds=reflect (got "
                               f"{self.output_bounds!r}); set both, or drop energy_bounds")
+        if self.unit_direction and self.output_bounds != "reflect":
+            raise ConfigError(f"environment.unit_direction=true needs environment.output_bounds=reflect (got "
+                              f"{self.output_bounds!r}); set both, or drop unit_direction")
         for key in ("heldout_file", "init_generator"):
             path = getattr(self, key)
             if path and not os.path.isfile(path):
@@ -230,6 +236,7 @@ class OptiGAN(Environment):
             if c.energy_bounds and self._energy_range is not None and self._energy_range[1] > self._energy_range[0]:
                 lo[5], hi[5] = self._energy_range
             G.set_bounds(lo, hi)
+            G.set_unit_direction(c.unit_direction)
         if c.init_generator:
             from .opengate import load_weights_into
 

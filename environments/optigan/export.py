@@ -45,14 +45,32 @@ def _state_file(checkpoint: Path) -> Path | None:
     return p if p.exists() else None
 
 
+def _run_config(run_dir: Path | None) -> dict:
+    """The run's resolved config from run.json ({} when there is none or it cannot be read)."""
+    try:
+        cfg = json.loads((run_dir / "run.json").read_text())["config"] if run_dir is not None else {}
+    except (OSError, KeyError, ValueError, TypeError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def output_folds(config: dict) -> list[str]:
+    """The environment keys of `config` that fold the generator's outputs after its network (not in an export)."""
+    env = config.get("environment") or {}
+    if env.get("output_bounds", "none") == "none":
+        return []
+    return [f"output_bounds={env['output_bounds']}"] + [f"{k}=true" for k in ("energy_bounds", "unit_direction")
+                                                         if env.get(k)]
+
+
 def _run_settings(run_dir: Path | None, epoch: int) -> tuple[float, tuple[float, float], float, float]:
     lr, betas, loss_g, loss_d = 5e-5, (0.5, 0.9), math.nan, math.nan
     if run_dir is None:
         return lr, betas, loss_g, loss_d
     try:
-        train = json.loads((run_dir / "run.json").read_text())["config"]["train"]
+        train = _run_config(run_dir)["train"]
         lr, betas = float(train["lr_g"]), (float(train["beta1"]), float(train["beta2"]))
-    except (OSError, KeyError, ValueError):
+    except (KeyError, ValueError, TypeError):
         pass
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
@@ -120,7 +138,7 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4)
         raise RuntimeError(f"export check failed: the exported generator differs by {err:g}")
     return {"epoch": epoch, "lr": lr, "betas": betas, "generator_loss": loss_g, "discriminator_loss": loss_d,
             "critic": "trained (from the run's state)" if D is not None else "untrained (no state file for this epoch)",
-            "max_abs_diff": err}
+            "max_abs_diff": err, "folds": output_folds(_run_config(_run_dir(checkpoint)))}
 
 
 def main(argv=None) -> int:
@@ -136,6 +154,10 @@ def main(argv=None) -> int:
         return 2
     print(f"wrote {args.out} (opengate optiGAN format, epoch {info['epoch']}; critic: {info['critic']}; "
           f"max |difference| vs the SAGIPS generator {info['max_abs_diff']:.2e})")
+    if info["folds"]:
+        print(f"sagips.export: note: this run trained with environment.{', '.join(info['folds'])}; those folds act "
+              f"after the network and opengate's layout has no place for them, so opengate runs the unfolded "
+              f"network: apply them to its output (docs/optigan.md, 'Output bounds')", file=sys.stderr)
     return 0
 
 

@@ -65,12 +65,20 @@ class OptiGANGenerator(nn.Module):
         self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=False)
         self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=False)
         self.bounded = False
+        self.unit_direction = False  #: set_unit_direction: (dX, dY, dZ) put on the unit sphere
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         noise, cond = x[:, :self.noise_dim], x[:, self.noise_dim:]
         h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
         out = torch.addcmul(self.out_mean, self.model(h), self.out_std)
-        return reflect_into(out, self.out_lo, self.out_hi) if self.bounded else out
+        if self.bounded:
+            out = reflect_into(out, self.out_lo, self.out_hi)
+        return onto_unit_sphere(out) if self.unit_direction else out
+
+    def set_unit_direction(self, on: bool = True) -> None:
+        """Make every generated direction a unit vector: dZ as generated, dX and dY rescaled along their own
+        azimuth to sqrt(1 - dZ^2) (a detected photon's direction is a unit vector; the critic sees that exactly)."""
+        self.unit_direction = bool(on)
 
     @torch.no_grad()
     def set_bounds(self, lo, hi) -> None:
@@ -126,6 +134,15 @@ def reflect_into(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.T
     t = torch.remainder(y - lo_f, 2.0 * w)
     folded = lo_f + w - (t - w).abs()
     return torch.where(finite, folded, y)
+
+
+def onto_unit_sphere(y: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Rows (X, Y, dX, dY, dZ, EKine) with (dX, dY) replaced by sqrt(1 - dZ^2) times their unit azimuth vector,
+    so that dX^2 + dY^2 + dZ^2 = 1 and dZ, the azimuth and the other columns are kept (|dZ| is clamped to 1)."""
+    a, dz = y[:, 2:4], y[:, 4:5].clamp(-1.0, 1.0)
+    sin_t = (1.0 - dz * dz).clamp_min(eps).sqrt()
+    azimuth = a * torch.rsqrt((a * a).sum(1, keepdim=True) + eps)
+    return torch.cat([y[:, :2], azimuth * sin_t, y[:, 4:]], dim=1)
 
 
 class OptiGANCritic(nn.Module):
