@@ -114,12 +114,10 @@ class OptiGANConfig:
                 raise ConfigError(f"environment.data_on_device={str(self.data_on_device).lower()} (deprecated) "
                                   f"contradicts environment.loader={self.loader}; set loader only")
             self.loader = implied
-        if self.energy_bounds and self.output_bounds != "reflect":
-            raise ConfigError(f"environment.energy_bounds=true needs environment.output_bounds=reflect (got "
-                              f"{self.output_bounds!r}); set both, or drop energy_bounds")
-        if self.unit_direction and self.output_bounds != "reflect":
-            raise ConfigError(f"environment.unit_direction=true needs environment.output_bounds=reflect (got "
-                              f"{self.output_bounds!r}); set both, or drop unit_direction")
+        for key in ("energy_bounds", "unit_direction"):  # refinements of the reflect fold
+            if getattr(self, key) and self.output_bounds != "reflect":
+                raise ConfigError(f"environment.{key}=true needs environment.output_bounds=reflect (got "
+                                  f"{self.output_bounds!r}); set both, or drop {key}")
         for key in ("heldout_file", "init_generator"):
             path = getattr(self, key)
             if path and not os.path.isfile(path):

@@ -47,8 +47,10 @@ def _state_file(checkpoint: Path) -> Path | None:
 
 def _run_config(run_dir: Path | None) -> dict:
     """The run's resolved config from run.json ({} when there is none or it cannot be read)."""
+    if run_dir is None:
+        return {}
     try:
-        cfg = json.loads((run_dir / "run.json").read_text())["config"] if run_dir is not None else {}
+        cfg = json.loads((run_dir / "run.json").read_text())["config"]
     except (OSError, KeyError, ValueError, TypeError):
         return {}
     return cfg if isinstance(cfg, dict) else {}
@@ -63,12 +65,13 @@ def output_folds(config: dict) -> list[str]:
                                                          if env.get(k)]
 
 
-def _run_settings(run_dir: Path | None, epoch: int) -> tuple[float, tuple[float, float], float, float]:
+def _run_settings(run_dir: Path | None, config: dict, epoch: int
+                  ) -> tuple[float, tuple[float, float], float, float]:
     lr, betas, loss_g, loss_d = 5e-5, (0.5, 0.9), math.nan, math.nan
     if run_dir is None:
         return lr, betas, loss_g, loss_d
     try:
-        train = _run_config(run_dir)["train"]
+        train = config["train"]
         lr, betas = float(train["lr_g"]), (float(train["beta1"]), float(train["beta2"]))
     except (KeyError, ValueError, TypeError):
         pass
@@ -118,7 +121,9 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4)
         D = OptiGANCritic()
         D.load_state_dict(d_state)
     epoch = int(ck.get("epoch", 0))
-    lr, betas, loss_g, loss_d = _run_settings(_run_dir(checkpoint), epoch)
+    run_dir = _run_dir(checkpoint)
+    config = _run_config(run_dir)
+    lr, betas, loss_g, loss_d = _run_settings(run_dir, config, epoch)
     payload = opengate_checkpoint(G, D, epoch=epoch, generator_loss=loss_g, discriminator_loss=loss_d, lr=lr,
                                   betas=betas)
     with atomic_open(out, "wb") as fh:
@@ -138,7 +143,7 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4)
         raise RuntimeError(f"export check failed: the exported generator differs by {err:g}")
     return {"epoch": epoch, "lr": lr, "betas": betas, "generator_loss": loss_g, "discriminator_loss": loss_d,
             "critic": "trained (from the run's state)" if D is not None else "untrained (no state file for this epoch)",
-            "max_abs_diff": err, "folds": output_folds(_run_config(_run_dir(checkpoint)))}
+            "max_abs_diff": err, "folds": output_folds(config)}
 
 
 def main(argv=None) -> int:
