@@ -63,7 +63,8 @@ class TrainConfig:
     threads: int = opt(0, "torch intra-op threads per rank; 0 = cores on this host / ranks on this host", min=0)
     progress: bool = opt(True, "show a progress bar on rank 0")
     amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), 'fp16' (CUDA, "
-                   "with a GradScaler), 'auto' (fp16 on CUDA, none on CPU); the pipeline always runs in float32",
+                   "with a GradScaler), 'auto' (CUDA: bf16 where the GPU has it, else fp16; CPU: bf16 only where native and "
+                   "measured faster at start-up, else none; sagips/precision.py); the pipeline always runs in float32",
                    choices=("none", "bf16", "fp16", "auto"))
     ema: float = opt(0.0, "decay of an exponential moving average of the generator's weights (e.g. 0.999), kept on "
                      "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "

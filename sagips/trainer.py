@@ -45,17 +45,6 @@ def set_threads(requested: int, local_size: int) -> int:
     return requested
 
 
-def amp_dtype(mode: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for train.amp on this device (None = full float32)."""
-    if mode == "auto":
-        return torch.float16 if device.type == "cuda" else None
-    if mode == "fp16":
-        if device.type != "cuda":
-            raise RuntimeError("train.amp=fp16 needs CUDA; use train.amp=bf16 on CPU")
-        return torch.float16
-    return torch.bfloat16 if mode == "bf16" else None
-
-
 def make_adam(params, lr: float, betas: tuple[float, float], fused: bool) -> torch.optim.Adam:
     """Adam with the fused kernel where this torch has one for the parameters' device (CUDA; CPU since torch 2.4:
     one kernel per step instead of ~10 small ops per tensor, 3x faster for the paper's networks), else the default."""
@@ -96,7 +85,9 @@ class TrainState:
 class Trainer:
     def __init__(self, cfg: Config, env: Environment, rank: int, world_size: int, out_dir: str,
                  exchange: Exchange | None = None, gather_quality: Callable[[dict], list[dict] | None] | None = None,
-                 is_root: bool = True):
+                 is_root: bool = True, share: Callable[[Any], Any] | None = None):
+        """share: a broadcast from rank 0 of the run (e.g. comm.bcast), so that every rank runs in the precision that
+        rank 0 resolved for train.amp (auto probes the hardware once, on rank 0); None resolves it here."""
         self.cfg, self.env, self.rank, self.world_size = cfg, env, rank, world_size
         self.out_dir = out_dir
         self.exchange = exchange
@@ -107,7 +98,7 @@ class Trainer:
         self.D = env.build_discriminator()
         self.opt_g = make_adam(self.G.parameters(), t.lr_g, (t.beta1, t.beta2), t.fused_adam)
         self.opt_d = make_adam(self.D.parameters(), t.lr_d, (t.beta1, t.beta2), t.fused_adam)
-        self.amp_dtype = amp_dtype(t.amp, env.device)
+        self.amp_dtype, self.precision = self._resolve_precision(share)
         self.resolve_chunk_rows()
         # fp16 needs loss scaling; bf16 has float32's exponent range and does not
         scaling = self.amp_dtype == torch.float16
@@ -125,6 +116,16 @@ class Trainer:
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
         self.G_ema: torch.nn.Module | None = None  #: train.ema > 0: the averaged generator (made at its first update)
         self.ema_steps = 0
+
+    def _resolve_precision(self, share):
+        """(autocast dtype, record) for train.amp on this device (sagips.precision.resolve)."""
+        from sagips.precision import resolve
+
+        res = None
+        if share is None or self.rank == 0:
+            rows = min(2048, max(256, 2 * self.env.events_per_epoch))
+            res = resolve(self.cfg.train.amp, self.env.device, self.D, rows)
+        return share(res) if share is not None else res
 
     def resolve_chunk_rows(self) -> int:
         """Set env.chunk_rows from train.chunk_rows for this process's threads and the autocast dtype."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sagips.config import load
-from sagips.trainer import Trainer, amp_dtype, select_device
+from sagips.trainer import Trainer, select_device
 from sagips_environments.proxy1d import Proxy1D
 
 SMALL = ["environment.param_samples=8", "environment.events_per_sample=16", "train.progress=false",
@@ -75,14 +75,6 @@ def test_bf16_autocast_on_cpu(tmp_path):
     assert torch.bfloat16 in dtypes
     assert np.isfinite(float(out["loss_d"])) and np.isfinite(float(out["loss_g"]))
     assert all(p.dtype == torch.float32 for p in tr.G.parameters())  # master weights stay float32
-
-
-def test_amp_choices():
-    cpu = torch.device("cpu")
-    assert amp_dtype("none", cpu) is None and amp_dtype("auto", cpu) is None
-    assert amp_dtype("bf16", cpu) == torch.bfloat16
-    with pytest.raises(RuntimeError, match="fp16 needs CUDA"):
-        amp_dtype("fp16", cpu)
 
 
 def test_device_choice():

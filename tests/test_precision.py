@@ -1,0 +1,83 @@
+"""train.amp: how `auto` and the explicit choices resolve on CPU (capability and probe mocked) and without CUDA."""
+import warnings
+
+import pytest
+import torch
+
+from sagips import precision
+from sagips.models import mlp
+
+CPU = torch.device("cpu")
+
+
+def _probe(ratio, calls=None):
+    def fake(D, device, rows):
+        if calls is not None:
+            calls.append(rows)
+        return {"rows": rows, "fp32_ms": 10.0, "bf16_ms": 10.0 * ratio, "bf16_ratio": ratio}
+    return fake
+
+
+@pytest.fixture
+def native(monkeypatch):
+    def set_(flag: bool, capability: str = "AVX512"):
+        monkeypatch.setattr(precision, "cpu_native_bf16", lambda: flag)
+        monkeypatch.setattr(precision, "cpu_capability", lambda: capability)
+    return set_
+
+
+def test_auto_on_a_cpu_without_native_bf16_is_float32_and_runs_no_probe(native):
+    native(False, "AVX2")
+    calls = []
+    dtype, info = precision.resolve("auto", CPU, mlp(2, 1, 8, 2), _probe=_probe(0.5, calls))
+    assert dtype is None and info["resolved"] == "float32"
+    assert info["cpu_capability"] == "AVX2" and info["native_bf16"] is False
+    assert calls == [] and "no native bf16" in info["reason"]
+
+
+def test_auto_on_a_native_bf16_cpu_takes_bf16_only_when_the_probe_says_faster(native):
+    native(True)
+    dtype, info = precision.resolve("auto", CPU, mlp(2, 1, 8, 2), rows=512, _probe=_probe(0.4))
+    assert dtype is torch.bfloat16 and info["resolved"] == "bf16" and info["probe"]["rows"] == 512
+    dtype, info = precision.resolve("auto", CPU, mlp(2, 1, 8, 2), _probe=_probe(1.3))
+    assert dtype is None and info["resolved"] == "float32" and info["probe"]["bf16_ratio"] == 1.3
+    edge = precision.AUTO_BF16_MAX_RATIO
+    assert precision.resolve("auto", CPU, mlp(2, 1, 8, 2), _probe=_probe(edge + 0.01))[0] is None
+
+
+def test_explicit_bf16_without_native_support_runs_and_warns_with_the_slowdown(native):
+    native(False, "AVX2")
+    with pytest.warns(RuntimeWarning, match=r"8\.5x slower"):
+        dtype, info = precision.resolve("bf16", CPU, mlp(2, 1, 8, 2), _probe=_probe(8.5))
+    assert dtype is torch.bfloat16 and info["resolved"] == "bf16" and "8.5x" in info["warning"]
+
+
+def test_explicit_choices_on_cpu(native):
+    native(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # native bf16: no warning
+        assert precision.resolve("bf16", CPU, _probe=_probe(9.0))[0] is torch.bfloat16
+    assert precision.resolve("none", CPU)[0] is None
+    with pytest.raises(RuntimeError, match="fp16 needs CUDA"):
+        precision.resolve("fp16", CPU)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
+def test_cuda_path_without_cuda_uses_the_gpu_capability(monkeypatch):
+    # torch.device("cuda") can be named without a GPU; resolve() then asks torch.cuda for bf16 support
+    for has_bf16, want in ((True, torch.bfloat16), (False, torch.float16)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: has_bf16)
+        dtype, info = precision.resolve("auto", torch.device("cuda", 0))
+        assert dtype is want and info["resolved"] == precision.dtype_name(want)
+
+
+def test_the_real_probe_times_both_precisions_and_leaves_the_critic_and_rng_alone():
+    D = mlp(2, 1, 16, 2)
+    before = [p.detach().clone() for p in D.parameters()]
+    state = torch.get_rng_state()
+    p = precision.probe(D, CPU, rows=64, reps=1)
+    assert p["fp32_ms"] > 0 and p["bf16_ms"] > 0 and p["bf16_ratio"] == pytest.approx(p["bf16_ms"] / p["fp32_ms"],
+                                                                                    rel=1e-2)
+    assert all(torch.equal(a, b) for a, b in zip(before, D.parameters())) and all(q.grad is None for q in D.parameters())
+    assert torch.equal(state, torch.get_rng_state())
+    assert precision.probe(torch.nn.Sequential(torch.nn.ReLU()), CPU) is None
