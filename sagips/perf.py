@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import platform
 import sys
 import time
@@ -98,3 +99,22 @@ def retain_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
+
+
+def process_age_s(supervised: bool = False) -> float | None:
+    """Seconds since the launched process started (the interpreter's own start-up and imports included).
+
+    Read from /proc (Linux): the process's start in clock ticks after boot against the system's uptime. Under the
+    supervisor of sagips.supervise the rank is a forked child: `supervised` measures from its parent, the process that
+    the launcher started. None where /proc is not there.
+    """
+    pid = os.getppid() if supervised else os.getpid()
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+

@@ -190,6 +190,14 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     """peer="ddp": the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see sagips/ddp.py)."""
     from mpi4py import MPI
 
+    phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
+    t_phase = [time.perf_counter()]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name] = round(now - t_phase[0], 3)
+        t_phase[0] = now
+
     flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
              "ensemble.members": args.ensemble_size}
     if args.no_progress:
@@ -215,6 +223,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         raise ConfigError(f"pipeline.delay_ranks: rank {bad[0]} does not exist in a run of {comm.size} ranks")
     check_output_dir(out_dir, args.resume, args.overwrite)
     prev_run = check_resumable(out_dir, cfg, comm.size) if args.resume else None
+    resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
+    if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
+        # a resumed run keeps the precision that its start resolved (a new probe could time it the other way)
+        cfg.train.amp = {"float32": "none"}.get(resolved, resolved)
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
@@ -226,6 +238,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
             print(f"sagips: --resume removed {len(stale)} temporary file(s) left by an interrupted write",
                   file=sys.stderr, flush=True)
     world.Barrier()
+    phase("config")
 
     # ---- host-local layout: device and threads
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
@@ -248,6 +261,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     env_cls = get_environment(cfg.environment.name)
     torch_seed, np_seed = rank_seeds(cfg.seed, member, comm.rank)
     torch.manual_seed(torch_seed)
+    phase("imports")
 
     # ---- reference data: world rank 0 loads or generates it; every rank gets raw buffers (no pickles)
     data_file = getattr(cfg.environment, "data_file", None)
@@ -257,10 +271,16 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
             return read_reference(data_file, env_cls.datasets)
         return env_cls.generate_reference(cfg.environment, cfg.seed)
 
+    if world.rank != 0:
+        # torch.optim imports torch._dynamo at the first step (~1.5 s of CPU): do it now, while rank 0 makes the
+        # data and this rank would only wait, so that it overlaps and counts in the start-up, not in epoch 1
+        import torch._dynamo  # noqa: F401
     arrays, attrs = broadcast_arrays(world, make)
+    import torch._dynamo  # noqa: F401,E402  (rank 0: after its data)
     env = env_cls(cfg.environment, device, seed=torch_seed)
     env.attach_data(arrays, attrs, np.random.default_rng(np_seed))
     del arrays
+    phase("reference_data")
 
     # ---- the exchange: topology and mode
     topo = exchange = None
@@ -279,7 +299,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         return comm.gather(q, root=0)
 
     trainer = Trainer(cfg, env, comm.rank, comm.size, out_dir, exchange=None, gather_quality=gather_quality,
-                      is_root=is_root)
+                      is_root=is_root, share=lambda obj: comm.bcast(obj, root=0))
+    phase("networks_and_precision")
     if peer == "ddp":
         from sagips.ddp import wrap_generator
 
@@ -290,6 +311,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
                                   outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
                                   timeout_s=cfg.comm.timeout_s or None)
         trainer.exchange = exchange
+    phase("exchange")
 
     run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
@@ -307,6 +329,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
                       enumerate(comm.allgather((socket.gethostname(), os.getpid(),
                                                 os.getppid() if is_supervised() else None)))],
         "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
+        "precision": trainer.precision,
     }
     if prev_run is not None:
         from sagips.io.state import load_state, resume_epoch
@@ -321,8 +344,19 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         trainer.progress_desc = f"{cfg.mode} member {member}"
     marker = StateMarker(comm, out_dir)
     trainer.on_state_saved = marker.saved
+    phase("run_json")
+    from sagips.perf import process_age_s
+
+    # everything before the first epoch, from the launched process's start (interpreter and imports included)
+    age = process_age_s(is_supervised())
+    ages = comm.gather(age, root=0)
     if is_root:
+        known = [a for a in ages if a is not None]
+        run_info["startup_s"] = round(max(known), 3) if known else None
+        run_info["startup"] = {"rank0_phases_s": phases, "per_rank_s": ages,
+                               "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
+        print(startup_line(run_info), file=sys.stderr, flush=True)
 
     import signal
 
@@ -353,14 +387,21 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         return 143
     marker.finish(state.epoch)
     wall = time.time() - t0
+    final_q = trainer.last_quality
+    if rma and comm.size > 1:
+        # the logged quality was rank 0's generator alone (see gather_quality); the final one is the run's: every
+        # rank's generator, combined as in the other modes (the ensemble mean of eq. 7), gathered once, after fit
+        q = env.quality(trainer.G_eval, cfg.train.quality_samples)
+        all_q = comm.gather(q, root=0)
+        final_q = env.combine_quality(all_q) if is_root else None
     train_s = comm.gather(state.time_s, root=0)
     walls = comm.gather(wall, root=0)
     stats = comm.gather(state.stats, root=0)
     if is_root:
         run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
-                        wall_seconds=walls, exchange_stats=stats, final_quality=trainer.last_quality)
+                        wall_seconds=walls, exchange_stats=stats, final_quality=final_q)
         write_run_json(out_dir, run_info)
-        table = env.summary_table(trainer.last_quality) if trainer.last_quality else ""
+        table = env.summary_table(final_q) if final_q else ""
         print(f"\nsagips: {run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s of "
               f"training; outputs in {out_dir}", flush=True)
         if table:
@@ -453,6 +494,15 @@ def broadcast_module(comm, module) -> None:
         for p in params:
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+def startup_line(info: dict) -> str:
+    """One line before the first epoch: what runs where, in which precision and why, and how long start-up took."""
+    from sagips.precision import describe
+
+    startup = f"{info['startup_s']:.1f} s" if info.get("startup_s") is not None else "n/a"
+    return (f"sagips: {info['mode']} on {info['world_size']} rank(s) ({info['device']}, "
+            f"{info['threads_per_rank']} thread(s) each); {describe(info['precision'])}; start-up {startup}")
 
 
 def write_run_json(out_dir: str, info: dict) -> None:

@@ -122,3 +122,33 @@ def test_optigan_rma_two_ranks(tmp_path):
     ck = list_checkpoints(out)
     assert sorted(ck) == [0, 1] and 3 in ck[0]
     assert read_metrics(out / "metrics.jsonl")[-1]["epoch"] == 3
+
+
+def test_rma_run_records_startup_precision_and_ensemble_quality(tmp_path):
+    """make run's mode at a truth other than the default: run.json holds startup_s, the precision that train.amp=auto
+    resolved (and why), and the final quality of every rank's generator (eq. 7), not rank 0's alone."""
+    from sagips.precision import cpu_capability
+
+    truth = [0.967, -0.438, 2.603, 1.334, 0.261, 0.551]
+    out = tmp_path / "rma"
+    r = run_mpi(4, QUICK + ["--mode", "rma-arar-arar", "--epochs", "4", "--output-dir", str(out),
+                            "--set", "comm.inner_size=2", "--set", "train.amp=auto",
+                            "--set", f"environment.true_params={truth}"], timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["truth"] == truth
+    assert 0 < info["startup_s"] < 120 and len(info["startup"]["per_rank_s"]) == 4
+    phases = info["startup"]["rank0_phases_s"]
+    assert {"config", "imports", "reference_data", "networks_and_precision", "exchange"} <= set(phases)
+    assert sum(phases.values()) <= info["startup_s"] + 0.01  # the phases are part of the whole
+    prec = info["precision"]
+    assert prec["requested"] == "auto" and prec["device"] == "cpu" and prec["cpu_capability"] == cpu_capability()
+    assert prec["resolved"] in ("float32", "bf16") and prec["reason"]
+    if not prec["native_bf16"]:
+        assert prec["resolved"] == "float32"
+    assert f"precision {prec['resolved']}" in r.stderr and "start-up" in r.stderr
+    q = info["final_quality"]
+    assert len(q["rank_max_abs_residual"]) == 4  # every rank's generator went into the final mean
+    ps = np.array(q["params"])
+    r_hat = (np.array(truth) - ps) / np.array(truth)
+    assert np.allclose(r_hat, q["residuals"]) and abs(np.abs(r_hat).max() - q["max_abs_residual"]) < 1e-9

@@ -113,7 +113,10 @@ class Proxy1D(Environment):
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
         self._events = arrays["events"]
         n_keep = max(1, int(round(self.cfg.subset_fraction * len(self._events))))
-        self.select_subset(np.sort(rng.choice(len(self._events), size=n_keep, replace=False)))
+        if n_keep == len(self._events):  # every event: what a sorted choice of all would give, without the shuffle
+            self.select_subset(np.arange(n_keep))
+        else:
+            self.select_subset(np.sort(rng.choice(len(self._events), size=n_keep, replace=False)))
         if "norms" in attrs:
             self.ref_norms = torch.as_tensor(np.asarray(attrs["norms"], dtype=np.float32), device=self.device)
         else:  # a data file without norms: use the theory's norms at the configured truth

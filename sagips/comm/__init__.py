@@ -15,9 +15,48 @@ the generator gradients into the flat buffer handed to an exchange.
 # multiple-thread path costs locking in MPICH too). "funneled" (not "single") so that a torch/OpenMP helper thread
 # that exists in the process is allowed, while all MPI calls stay on the main thread.
 # If something already imported mpi4py.MPI, this assignment has no effect: import sagips.comm first.
+import os
 import sys
 
 import mpi4py
 
+# MPICH's shared-memory collectives ("release_gather": Bcast, Reduce, Allreduce inside a node) spin on flags in
+# shared memory. With more ranks on a node than cores (4 ranks on a 2-core laptop) a spinning rank holds the core
+# that the rank it waits for needs: measured with MPICH 5.0.2, 4 ranks on 2 cores, right after a Barrier, a 32 MB
+# Bcast took 7.7 s instead of 0.02 s, a 32 MB Allreduce 31 s instead of 0.04 s, and a 200 KB Allreduce now and then
+# 0.2 s instead of 0.008 s (docs/benchmarks/startup.md). Where the launcher says that the node is oversubscribed, use
+# MPICH's generic algorithms instead (point-to-point underneath, which yield). A user's own setting wins; other MPIs
+# ignore these variables. They must be set before MPI is initialised, i.e. before `from mpi4py import MPI`.
+OVERSUBSCRIBED_CVARS = {f"MPIR_CVAR_{op}_POSIX_INTRA_ALGORITHM": "mpir" for op in ("BCAST", "REDUCE", "ALLREDUCE")}
+_LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "PALS_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def local_ranks_from_launcher() -> int | None:
+    """How many ranks the launcher started on this node (MPICH/hydra, PALS, Open MPI), None if it does not say."""
+    for var in _LOCAL_SIZE_VARS:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def tune_mpich_for_oversubscription() -> bool:
+    """Set OVERSUBSCRIBED_CVARS (unless set) where this node runs more ranks than it has cores; True if it did."""
+    local = local_ranks_from_launcher()
+    if local is None or local <= usable_cores() or "mpi4py.MPI" in sys.modules:
+        return False
+    for key, value in OVERSUBSCRIBED_CVARS.items():
+        os.environ.setdefault(key, value)
+    return True
+
+
+tune_mpich_for_oversubscription()
 if "mpi4py.MPI" not in sys.modules:
     mpi4py.rc.thread_level = "funneled"

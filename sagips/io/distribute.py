@@ -32,7 +32,12 @@ def broadcast_arrays(comm, make: Callable[[], tuple[dict[str, np.ndarray], dict[
             header = {"ok": False, "type": type(e).__name__, "error": str(e)}
     raw = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8) if comm.rank == root else None
     size = np.array([0 if raw is None else raw.size], dtype=np.int64)
-    comm.Bcast([size, MPI.INT64_T], root=root)
+    # The other ranks wait here while the root reads or generates the data (seconds to minutes). MPICH's blocking
+    # Bcast busy-polls: with more ranks than cores (4 on a 2-core laptop) three spinning waiters starved the root and
+    # made a 1 s generation take 11 s. A nonblocking broadcast, waited on with sleeps, leaves the cores to the root.
+    from sagips.comm.watchdog import wait_all
+
+    wait_all([comm.Ibcast([size, MPI.INT64_T], root=root)], float("inf"), "the reference data", comm, 0, [root])
     if raw is None:
         raw = np.empty(int(size[0]), dtype=np.uint8)
     comm.Bcast([raw, MPI.BYTE], root=root)
