@@ -31,32 +31,22 @@ OVERSUBSCRIBED_CVARS = {f"MPIR_CVAR_{op}_POSIX_INTRA_ALGORITHM": "mpir" for op i
 _LOCAL_SIZE_VARS = ("MPI_LOCALNRANKS", "PALS_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 
 
-def local_ranks_from_launcher() -> int | None:
-    """How many ranks the launcher started on this node (MPICH/hydra, PALS, Open MPI), None if it does not say."""
-    for var in _LOCAL_SIZE_VARS:
-        value = os.environ.get(var, "").strip()
-        if value.isdigit():
-            return int(value)
-    return None
+def oversubscription_settings(environ, cores: int) -> dict[str, str]:
+    """The variables to add to `environ` for MPICH: OVERSUBSCRIBED_CVARS where the launcher put more ranks on this
+    node than there are `cores` (MPICH/hydra, PALS and Open MPI say how many), less those the user set; else {}."""
+    local = next((int(v) for v in (environ.get(k, "").strip() for k in _LOCAL_SIZE_VARS) if v.isdigit()), None)
+    if local is None or local <= cores:
+        return {}
+    return {k: v for k, v in OVERSUBSCRIBED_CVARS.items() if k not in environ}
 
 
-def usable_cores() -> int:
+def _usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
 
-def tune_mpich_for_oversubscription() -> bool:
-    """Set OVERSUBSCRIBED_CVARS (unless set) where this node runs more ranks than it has cores; True if it did."""
-    local = local_ranks_from_launcher()
-    if local is None or local <= usable_cores() or "mpi4py.MPI" in sys.modules:
-        return False
-    for key, value in OVERSUBSCRIBED_CVARS.items():
-        os.environ.setdefault(key, value)
-    return True
-
-
-tune_mpich_for_oversubscription()
 if "mpi4py.MPI" not in sys.modules:
+    os.environ.update(oversubscription_settings(os.environ, _usable_cores()))
     mpi4py.rc.thread_level = "funneled"
