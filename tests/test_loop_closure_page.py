@@ -1,0 +1,62 @@
+"""benchmarks/loop_closure.py: when a part counts as converged, and a page that is generated whole, beside notes it
+never touches, naming the CPU."""
+import importlib.util
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def lc():
+    spec = importlib.util.spec_from_file_location("loop_closure", ROOT / "benchmarks" / "loop_closure.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pts(values, dt=10.0):
+    return [{"epoch": 100 * i, "time_s": dt * i, "max_abs_r": v, "r": [v] * 6} for i, v in enumerate(values)]
+
+
+def test_crossing_first_below_and_below_to_the_end(lc):
+    c = lc.crossing(pts([0.5, 0.04, 0.06, 0.045, 0.03]))
+    assert c["first_below_s"] == 10.0 and c["below_from_s"] == 30.0 and c["final_max_abs_r"] == 0.03
+    never = lc.crossing(pts([0.5, 0.2, 0.1]))
+    assert never["first_below_s"] is None and never["below_from_s"] is None
+    ends_above = lc.crossing(pts([0.5, 0.04, 0.06]))  # dipped below once but ends above: not converged
+    assert ends_above["first_below_s"] == 10.0 and ends_above["below_from_s"] is None
+
+
+def test_truth_keys_are_distinct_and_stable(lc):
+    assert lc.truth_key("default") == "default"
+    assert lc.truth_key("0.967,-0.438,2.603,1.334,0.261,0.551") == "p0.967_-0.438_2.603_1.334_0.261_0.551"
+    assert len({lc.truth_key(t) for t in lc.STUDY_TRUTHS}) == len(lc.STUDY_TRUTHS)
+
+
+def test_page_is_generated_whole_and_leaves_the_notes_alone(lc, tmp_path):
+    parts_dir = tmp_path / "loop_closure"
+    parts_dir.mkdir()
+    notes = tmp_path / lc.NOTES
+    notes.write_text("hand-written\n")
+    mach = {"cpu_model": "Test CPU 9000", "vector_flags": ["avx2", "fma"], "torch_cpu_capability": "AVX2",
+            "native_bf16": False, "cores": 2, "torch": "x"}
+    part = {"mode": "rma-arar-arar", "truth_arg": "default", "truth": [2.1875, -0.5, 3, 1.09375, -0.5, 4],
+            "epochs": 500, "train_s": 50.0, "startup_s": 3.2, "precision": {"resolved": "float32"},
+            "points": pts([0.5, 0.04, 0.03]), **lc.crossing(pts([0.5, 0.04, 0.03])), "machine": mach,
+            "finished": "2026-11-25 00:00 UTC"}
+    (parts_dir / "rma-arar-arar__default.json").write_text(json.dumps(part))
+    (parts_dir / "floor__default.json").write_text(json.dumps({"max_abs_r": 0.0057, "r": [0.001] * 6}))
+    a = types.SimpleNamespace(modes=["rma-arar-arar", "ensemble"], ranks=4, inner_size=2, checkpoint_every=100,
+                              budget_min=15.0)
+    page = tmp_path / "loop_closure.md"
+    page.write_text("an old page with a note that a rerun must not keep\n")
+    lc.render(a, ["default"], tmp_path, parts_dir)
+    text = page.read_text()
+    assert "an old page" not in text and "Test CPU 9000" in text and "avx2 fma" in text and "AVX2" in text
+    assert "| T0 | rma-arar-arar | float32 | 3.2 s | 500 |" in text and "| met |" in text
+    assert "| T0 | ensemble | not run yet |" in text
+    assert notes.read_text() == "hand-written\n" and (tmp_path / "loop_closure.png").stat().st_size > 0
