@@ -1,19 +1,15 @@
 """benchmarks/batch_sweep.py: the FLOP count of an optiGAN epoch, and a one-point sweep end to end."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._bench import load_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("batch_sweep", ROOT / "benchmarks" / "batch_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("batch_sweep")
 
 
 def test_epoch_flops_is_the_posters_6_phi_rows_per_network_step(sweep):

@@ -1,21 +1,17 @@
 """benchmarks/loop_closure.py: when a part counts as converged, and a page that is generated whole, beside notes it
 never touches, naming the CPU."""
-import importlib.util
 import json
 import types
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._bench import load_benchmark
+
 
 
 @pytest.fixture(scope="module")
 def lc():
-    spec = importlib.util.spec_from_file_location("loop_closure", ROOT / "benchmarks" / "loop_closure.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("loop_closure")
 
 
 def pts(values, dt=10.0):

@@ -4,7 +4,6 @@ Every expected number below was computed by hand from the rules in sagips/sim.py
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -235,10 +234,9 @@ def test_bad_inputs():
 
 # ------------------------------------------------------------------------------------------- calibration
 def _benchmark_module():
-    spec = importlib.util.spec_from_file_location("scaling_model", ROOT / "benchmarks" / "scaling_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from tests._bench import load_benchmark
+
+    return load_benchmark("scaling_model")
 
 
 def test_calibrate_recovers_alpha_beta_from_synthetic_ring_times():
