@@ -95,10 +95,14 @@ class CommConfig:
 
 @dataclass
 class PipelineConfig:
-    """Straggler knob: a fixed sleep in the pipeline of chosen ranks, every epoch (the paper's motivating case)."""
+    """Straggler knob: a fixed sleep in the pipeline of chosen ranks, every epoch (the paper's motivating case); and a
+    fault drill: an error in the pipeline of chosen ranks at one epoch."""
 
     delay_s: float = opt(0.0, "seconds of sleep added to the pipeline of each rank in delay_ranks", min=0.0)
     delay_ranks: list[int] = opt([], "ranks (in the run's communicator) whose pipeline is slowed")
+    fail_epoch: int = opt(0, "fault drill: at this epoch the pipeline of each rank in fail_ranks raises an error, "
+                          "to check that a job on this machine ends at once, naming the rank (0 = off)", min=0)
+    fail_ranks: list[int] = opt([], "ranks (in the run's communicator) that fail at pipeline.fail_epoch")
 
 
 @dataclass

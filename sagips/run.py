@@ -177,13 +177,18 @@ def main(argv=None, peer: str | None = None) -> int:
             print(f"sagips: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except Exception:
-        # One rank failing must not leave the others hanging in a collective: abort the whole job, loudly.
-        sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        if world.size > 1:
-            time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
-            world.Abort(1)
+        abort_job(world)
         return 1
+
+
+def abort_job(world) -> None:
+    """One rank failed: print its traceback, naming the rank, and abort the whole job (never leave the others
+    hanging in a collective). Call it from inside the `except` block that caught the error."""
+    sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
+    sys.stderr.flush()
+    if world.size > 1:
+        time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
+        world.Abort(1)
 
 
 def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
@@ -218,9 +223,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     if cfg.comm.inner_size > comm.size:
         raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} is larger than the ranks of a run "
                           f"({comm.size}); use at most {comm.size}, or 0 for one group per node")
-    bad = [r for r in cfg.pipeline.delay_ranks if not 0 <= r < comm.size]
-    if bad:
-        raise ConfigError(f"pipeline.delay_ranks: rank {bad[0]} does not exist in a run of {comm.size} ranks")
+    for key in ("delay_ranks", "fail_ranks"):
+        bad = [r for r in getattr(cfg.pipeline, key) if not 0 <= r < comm.size]
+        if bad:
+            raise ConfigError(f"pipeline.{key}: rank {bad[0]} does not exist in a run of {comm.size} ranks")
     check_output_dir(out_dir, args.resume, args.overwrite)
     prev_run = check_resumable(out_dir, cfg, comm.size) if args.resume else None
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
@@ -377,15 +383,21 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         state = trainer.fit(progress=True)
     except StopRequested as e:
         stopped, state = e, trainer.state
-    finally:
-        if exchange is not None:
-            exchange.free()
-        if topo is not None:
-            topo.free()
-        if peer == "ddp":
-            import torch.distributed as dist
+    except BaseException:
+        # Report and abort BEFORE any collective clean-up: freeing an RMA window or a communicator is collective,
+        # so a failed rank that tried it would wait there for ranks that train on until the watchdog fires, and its
+        # traceback would never be printed. Only a requested stop and the normal end free collectively.
+        if world.size > 1:
+            abort_job(world)  # does not return
+        raise
+    if exchange is not None:
+        exchange.free()
+    if topo is not None:
+        topo.free()
+    if peer == "ddp":
+        import torch.distributed as dist
 
-            dist.destroy_process_group()
+        dist.destroy_process_group()
     if stopped is not None:
         print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143

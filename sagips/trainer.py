@@ -82,6 +82,10 @@ class TrainState:
     stats: dict[str, float] = field(default_factory=dict)  #: counters summed over the run (e.g. RMA drops)
 
 
+class FaultDrill(RuntimeError):
+    """The error that pipeline.fail_epoch raises (a drill of the failure path)."""
+
+
 class Trainer:
     def __init__(self, cfg: Config, env: Environment, rank: int, world_size: int, out_dir: str,
                  exchange: Exchange | None = None, gather_quality: Callable[[dict], list[dict] | None] | None = None,
@@ -107,6 +111,7 @@ class Trainer:
         self.grads = GradBuffer(self.G, exchange_bias=cfg.comm.exchange_bias)
         self.state = TrainState()
         self.delay_s = cfg.pipeline.delay_s if rank in cfg.pipeline.delay_ranks else 0.0
+        self.fail_epoch = cfg.pipeline.fail_epoch if rank in cfg.pipeline.fail_ranks else 0
         self.metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")) if is_root else None
         self.last_quality: dict[str, Any] | None = None
         self.progress_desc = ""  #: progress bar label (e.g. the ensemble member)
@@ -235,6 +240,8 @@ class Trainer:
             fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
             if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
                 time.sleep(self.delay_s)
+            if epoch == self.fail_epoch:
+                raise FaultDrill(f"pipeline.fail_epoch: the fault drill's error on rank {self.rank} at epoch {epoch}")
             # The generator step needs only the critic's input gradients: with the critic's weights frozen while the
             # graph is built, backward skips their weight-gradient matmuls (a third of the critic's work here).
             d_weights = [p for p in D.parameters() if p.requires_grad]
