@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import h5py
 import numpy as np
 
 from sagips.io.atomic import atomic_open
@@ -21,6 +20,8 @@ class DataError(ValueError):
 
 def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
     """Write atomically (temporary file + fsync + rename)."""
+    import h5py  # here, not at the top: every rank imports this module for DataError, few read or write a file
+
     with atomic_open(path, "wb") as fh, h5py.File(fh, "w") as f:
         for name, arr in arrays.items():
             f.create_dataset(name, data=np.ascontiguousarray(arr, dtype=np.float32))
@@ -30,6 +31,8 @@ def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attr
 
 def read_reference(path: str | os.PathLike, datasets: dict[str, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read and validate. `datasets` maps each required dataset name to its number of columns."""
+    import h5py
+
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"data file {path}: no such file (check environment.data_file)")
