@@ -60,7 +60,8 @@ class TrainConfig:
     quality_samples: int = opt(1024, "noise vectors used for the logged mean prediction", min=1)
     device: str = opt("auto", "'auto' (cuda:(local_rank % device_count) if CUDA is present, else cpu), 'cpu' or 'cuda'",
                       choices=("auto", "cpu", "cuda"))
-    threads: int = opt(0, "torch intra-op threads per rank; 0 = cores on this host / ranks on this host", min=0)
+    threads: int = opt(0, "torch intra-op threads per rank; 0 = the rank's own cores where the launcher pinned each "
+                       "rank (e.g. --cpu-bind depth), else the host's cores / the ranks that share them", min=0)
     progress: bool = opt(True, "show a progress bar on rank 0")
     amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), 'fp16' (CUDA, "
                    "with a GradScaler), 'auto' (CUDA: bf16 where the GPU has it, else fp16; CPU: bf16 only where native and "

@@ -256,7 +256,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
 
     # ---- host-local layout: device and threads
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
-    local_rank, local_size = node.rank, node.size
+    local_rank = node.rank
+    from sagips.trainer import affinity
+
+    node_cpus = [set(c) for c in node.allgather(sorted(affinity()))]  # pinned per rank, or one shared set?
     node.Free()
     import numpy as np
     import torch
@@ -267,7 +270,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     from sagips.trainer import Trainer, rank_seeds, select_device, set_threads
 
     device = select_device(cfg.train.device, local_rank)
-    threads = set_threads(cfg.train.threads, local_size)
+    threads = set_threads(cfg.train.threads, node_cpus)
     if device.type == "cpu":  # reuse freed activation memory instead of faulting in fresh pages every step
         from sagips.perf import retain_freed_memory
 

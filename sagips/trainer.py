@@ -36,13 +36,33 @@ def select_device(kind: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
-def set_threads(requested: int, local_size: int) -> int:
-    """Split the host's cores between the ranks on it, so that they do not oversubscribe."""
-    if requested <= 0:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        requested = max(1, cores // max(1, local_size))
-    torch.set_num_threads(requested)
-    return requested
+def threads_per_rank(requested: int, own_cpus: set[int], node_cpus: list[set[int]]) -> int:
+    """Torch threads for one rank: `requested` if > 0; else the cores it may use, shared with the ranks that share them.
+
+    `node_cpus` holds the CPU affinity of every rank on this host (its own included). Where the launcher pinned
+    each rank to its own cores (Polaris: `mpiexec --depth 8 --cpu-bind depth`), the rank's affinity is already its
+    share: all of it. Where ranks share one set (no binding, or a job-wide cpuset), the set is divided among the
+    ranks that hold it, so that together they do not oversubscribe it.
+    """
+    if requested > 0:
+        return requested
+    sharing = sum(1 for cpus in node_cpus if cpus == own_cpus) or 1
+    return max(1, len(own_cpus) // sharing)
+
+
+def affinity() -> set[int]:
+    """The CPUs this process may run on (all of them where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def set_threads(requested: int, node_cpus: list[set[int]] | None = None) -> int:
+    """Set torch's intra-op threads by `threads_per_rank` (node_cpus None: this process alone on its cores)."""
+    own = affinity()
+    n = threads_per_rank(requested, own, node_cpus if node_cpus is not None else [own])
+    torch.set_num_threads(n)
+    return n
 
 
 def make_adam(params, lr: float, betas: tuple[float, float], fused: bool) -> torch.optim.Adam:

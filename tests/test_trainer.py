@@ -173,3 +173,17 @@ def test_fused_adam_on_cpu_matches_the_default_adam():
     # torch >= 2.4 has a CPU kernel: it must be the one in use
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     assert bool(fused.defaults.get("fused")) == ((major, minor) >= (2, 4))
+
+
+def test_threads_per_rank_under_pinning_and_without():
+    from sagips.trainer import threads_per_rank
+
+    node = [set(range(32))] * 4  # no binding: 4 ranks share the host's 32 cores
+    assert threads_per_rank(0, set(range(32)), node) == 8
+    pinned = [set(range(8 * i, 8 * i + 8)) for i in range(4)]  # Polaris: --depth 8 --cpu-bind depth
+    assert threads_per_rank(0, pinned[1], pinned) == 8  # its own 8 cores, not 8 // 4 = 2
+    job_cpuset = [set(range(8))] * 4  # a job-wide cpuset of 8 cores for 4 ranks
+    assert threads_per_rank(0, set(range(8)), job_cpuset) == 2
+    assert threads_per_rank(0, {0, 1}, [{0, 1}] * 4) == 1  # oversubscribed: never 0
+    assert threads_per_rank(3, {0}, [{0}] * 4) == 3  # an explicit train.threads wins
+    assert threads_per_rank(0, {0, 1, 2, 3}, []) == 4
