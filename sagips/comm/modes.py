@@ -103,6 +103,8 @@ class Grouped:
                 self.outer_ring.allreduce(buf, weight=self.inner.last_weight, epoch=epoch)
             watchdog.bcast(self.topo.inner, buf, root=0, timeout_s=self.timeout_s, what="outer broadcast",
                            epoch=epoch)
+            if hasattr(self.inner, "consumed"):  # RMA: the global mean has spent every slot up to this epoch
+                self.inner.consumed(epoch)
             stats = {**stats, "outer": 1}
         return stats
 
@@ -127,6 +129,9 @@ class _RmaStep:
             buf /= np.float32(stats["rma_used"])
         self.last_weight = float(stats["rma_used"])
         return stats
+
+    def consumed(self, epoch):
+        self.rma.consumed(epoch)
 
     def free(self):
         self.rma.free()

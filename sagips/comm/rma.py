@@ -192,6 +192,12 @@ class RmaExchange:
                 flat[:] = acc
         return stats
 
+    def consumed(self, epoch: int) -> None:
+        """Every contribution of `epoch` or earlier is spent: an outer epoch replaced every buffer of the group with the
+        global mean, which holds what the leader had read by then. A peer's slot of such an epoch, still unread here,
+        must not be added again at a later epoch (it would count twice, or as a gradient of the old weights)."""
+        self._last_used = [max(e, epoch) for e in self._last_used]
+
     def barrier(self) -> None:
         """Barrier over the group, through the watchdog (tests: make every rank 'on time')."""
         self._check_alive()

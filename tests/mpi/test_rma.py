@@ -192,3 +192,28 @@ def test_check_slot_rejects_torn_and_foreign_slots():
     assert rma_mod.check_slot(head, payload, trail, n + 1) is None                # built for another size
     empty = np.array([-1, rma_mod.zlib.crc32(payload), n, 0], np.int64)
     assert rma_mod.check_slot(empty, payload, np.array([-1], np.int64), n) is None
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_slot_spent_by_an_outer_epoch_is_not_added_again():
+    """Issue 21, item 7: after an outer epoch e every buffer holds the global mean; a peer's slot of epoch e that was
+    still unread here must not be added at e + 1 (it would count twice)."""
+    comm = MPI.COMM_WORLD
+    n, rank = 100, comm.Get_rank()
+    with RmaExchange(comm, n, max_staleness=10, backend="shared") as ex:
+        x = np.full(n, rank + 1, np.float32)
+        if rank == 1:
+            ex.publish(x, 2)  # rank 1's epoch-2 gradient lands in everybody's window ...
+        ex.barrier()
+        ex.consumed(2)  # ... and the outer epoch 2 spends it (the leader's global mean holds it)
+        y = x.copy()
+        stats = ex.combine(y, 3)  # at epoch 3 nothing is fresh: rank 1 has not published epoch 3 yet
+        ok = rank == 1 or (stats["rma_used"] == 0 and np.all(y == x))
+        ex.barrier()
+        if rank == 1:
+            ex.publish(x, 3)  # a newer slot is used as before
+        ex.barrier()
+        stats = ex.combine(y, 3)
+        ok = ok and (rank == 1 or stats["rma_used"] == 1)
+        ex.barrier()
+    assert all_true(comm, ok)
