@@ -288,10 +288,18 @@ class Trainer:
                     buf = self.grads.offload()
                     stats.update(self.exchange(buf, epoch, weight=1.0 if finite else 0.0) or {})
                     self.grads.load_back()
-            if finite or self.exchange is not None:
-                # with an exchange, the mean of the others' gradients is applied (replicas stay identical)
+                # The step follows the EXCHANGED gradient, not this rank's own: a rank whose gradient overflowed
+                # (fp16) applies the group's mean like the others (GradScaler.step would skip it on the local
+                # overflow, and the replicas would drift); every rank skips only where nobody contributed (the mean
+                # is all zeros). So ranks that exchange in step (allreduce, arar, arar-arar; all ranks on an outer
+                # epoch) keep identical weights. Biases are exchanged only with comm.exchange_bias: otherwise they
+                # train on local gradients and may differ, as in the paper. In rma-arar-arar the ranks of a group
+                # combine what has arrived, so their weights differ between outer epochs by design.
+                if self.grads.is_finite() and bool(self.grads.flat.any()):
+                    self.opt_g.step()
+            elif finite:
                 self.scaler_g.step(self.opt_g)
-            self.scaler_g.update()
+            self.scaler_g.update()  # the loss scale still backs off on this rank's own overflow
             if self.cfg.train.ema > 0:
                 self.update_ema()
         if self.bad_steps >= self.cfg.train.max_bad_steps:

@@ -187,3 +187,19 @@ def test_threads_per_rank_under_pinning_and_without():
     assert threads_per_rank(0, {0, 1}, [{0, 1}] * 4) == 1  # oversubscribed: never 0
     assert threads_per_rank(3, {0}, [{0}] * 4) == 3  # an explicit train.threads wins
     assert threads_per_rank(0, {0, 1, 2, 3}, []) == 4
+
+
+def test_a_local_fp16_overflow_still_applies_the_exchanged_mean(tmp_path):
+    """Issue 21, item 3: with loss scaling, a rank whose own gradient overflowed must apply the group's (finite)
+    mean like the others; GradScaler.step skipped it, and the replicas drifted apart."""
+    def exchange(buf, epoch, weight=1.0):
+        buf[:] = 1e-3  # "the others' mean"
+        return {}
+
+    tr = make_trainer(tmp_path, exchange=exchange)
+    tr.scaler_g = torch.amp.GradScaler("cpu", init_scale=1e38)  # fp16's scaler; this scale overflows float32
+    w = tr.G[0].weight.detach().clone()
+    out = tr.step(1)
+    assert out["bad_grad"] == 1  # this rank's own gradient overflowed ...
+    assert not torch.equal(w, tr.G[0].weight)  # ... and it applied the exchanged mean all the same
+    assert tr.scaler_g.get_scale() < 1e38  # while its loss scale backed off, as GradScaler does
