@@ -70,3 +70,18 @@ def test_inner_size_too_large_names_the_key():
 def test_thread_level_is_funneled():
     """sagips.comm asks for MPI_THREAD_FUNNELED (Open MPI's osc/pt2pt refuses windows under THREAD_MULTIPLE)."""
     assert MPI.Query_thread() == MPI.THREAD_FUNNELED
+
+
+@pytest.mark.mpi(min_size=1)
+def test_gather_json_under_the_watchdog_matches_mpi_gather():
+    """The quality gather goes through nonblocking collectives under the watchdog; its result is MPI's own gather's."""
+    import numpy as np
+
+    from sagips.comm import watchdog
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    obj = {"rank": rank, "params": [rank * 0.5] * (rank + 1), "x": np.float32(rank), "name": "é" * rank}
+    got = watchdog.gather_json(comm, obj, 0, timeout_s=60, what="test gather")
+    want = comm.gather({**obj, "x": float(obj["x"])}, root=0)
+    assert (got == want) if rank == 0 else got is None
