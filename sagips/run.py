@@ -313,14 +313,20 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     is_root = comm.rank == 0
     rma = cfg.mode == "rma-arar-arar"
 
+    from sagips.comm import watchdog
+
+    # rma-arar-arar never synchronises ranks outside the exchange: rank 0 logs its own generator only, and the other
+    # ranks compute no quality at all (at 400 ranks, 399 would throw it away)
+    local_quality = rma or comm.size == 1
+
     def gather_quality(q):
-        # rma-arar-arar never synchronises ranks outside the exchange: rank 0 logs its own generator only
-        if rma or comm.size == 1:
+        if local_quality:
             return [q]
-        return comm.gather(q, root=0)
+        return watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="quality gather")
 
     trainer = Trainer(cfg, env, comm.rank, comm.size, out_dir, exchange=None, gather_quality=gather_quality,
-                      is_root=is_root, share=lambda obj: comm.bcast(obj, root=0))
+                      is_root=is_root, share=lambda obj: comm.bcast(obj, root=0),
+                      computes_quality=is_root or not local_quality)
     phase("networks_and_precision")
     if peer == "ddp":
         from sagips.ddp import wrap_generator
@@ -419,7 +425,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         # the logged quality was rank 0's generator alone (see gather_quality); the final one is the run's: every
         # rank's generator, combined as in the other modes (the ensemble mean of eq. 7), gathered once, after fit
         q = env.quality(trainer.G_eval, cfg.train.quality_samples)
-        all_q = comm.gather(q, root=0)
+        all_q = watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="final quality gather")
         final_q = env.combine_quality(all_q) if is_root else None
     train_s = comm.gather(state.time_s, root=0)
     walls = comm.gather(wall, root=0)

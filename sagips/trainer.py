@@ -109,13 +109,15 @@ class FaultDrill(RuntimeError):
 class Trainer:
     def __init__(self, cfg: Config, env: Environment, rank: int, world_size: int, out_dir: str,
                  exchange: Exchange | None = None, gather_quality: Callable[[dict], list[dict] | None] | None = None,
-                 is_root: bool = True, share: Callable[[Any], Any] | None = None):
+                 is_root: bool = True, share: Callable[[Any], Any] | None = None, computes_quality: bool = True):
         """share: a broadcast from rank 0 of the run (e.g. comm.bcast), so that every rank runs in the precision that
-        rank 0 resolved for train.amp (auto probes the hardware once, on rank 0); None resolves it here."""
+        rank 0 resolved for train.amp (auto probes the hardware once, on rank 0); None resolves it here.
+        computes_quality: False on a rank whose logged quality nobody uses (it then skips the quality entirely)."""
         self.cfg, self.env, self.rank, self.world_size = cfg, env, rank, world_size
         self.out_dir = out_dir
         self.exchange = exchange
         self.gather_quality = gather_quality
+        self.computes_quality = computes_quality
         self.is_root = is_root
         t = cfg.train
         self.G = env.build_generator()
@@ -353,6 +355,8 @@ class Trainer:
                 group["lr"] = lr0 * f
 
     def _log(self, epoch: int, out: dict[str, Any], bar) -> None:
+        if not self.computes_quality:
+            return
         q = self.env.quality(self.G_eval, self.cfg.train.quality_samples)
         all_q = self.gather_quality(q) if self.gather_quality is not None else [q]
         if not self.is_root:

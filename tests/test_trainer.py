@@ -203,3 +203,17 @@ def test_a_local_fp16_overflow_still_applies_the_exchanged_mean(tmp_path):
     assert out["bad_grad"] == 1  # this rank's own gradient overflowed ...
     assert not torch.equal(w, tr.G[0].weight)  # ... and it applied the exchanged mean all the same
     assert tr.scaler_g.get_scale() < 1e38  # while its loss scale backed off, as GradScaler does
+
+
+def test_a_rank_whose_quality_nobody_uses_computes_none(tmp_path):
+    """Issue 21, item 6: in rma-arar-arar only rank 0's quality is logged; the others skip it entirely."""
+    tr = make_trainer(tmp_path)
+    tr.computes_quality = False
+    calls = []
+    tr.env.quality = lambda *a, **k: calls.append(1) or {}
+    tr._log(1, {}, None)
+    assert calls == []
+    tr.computes_quality = True
+    tr.is_root = False  # a rank that computes its quality for a gather, but does not write the log
+    tr._log(1, {}, None)
+    assert calls == [1]

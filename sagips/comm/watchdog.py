@@ -114,3 +114,36 @@ def allreduce_sum(comm: MPI.Comm, buf, *, timeout_s: float | None, what: str, ep
         return
     others = [r for r in range(comm.Get_size()) if r != comm.Get_rank()]
     wait_all([comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)], timeout_s, what, comm, epoch, others)
+
+
+def gather_json(comm: MPI.Comm, obj, root: int = 0, *, timeout_s: float | None, what: str,
+                epoch: int = -1) -> list | None:
+    """Gather a JSON-serialisable object from every rank to `root` (a list in rank order there, None elsewhere),
+    through nonblocking collectives under the watchdog: a rank that never arrives aborts the job with a message,
+    instead of leaving the others blocked in a plain `comm.gather`. No pickles: JSON bytes travel."""
+    import json
+
+    import numpy as np
+
+    def builtin(v):  # numpy scalars and arrays (a quality figure may be one) as plain numbers and lists
+        if hasattr(v, "tolist"):
+            return v.tolist()
+        raise TypeError(f"{what}: {type(v).__name__} is not JSON-serialisable")
+
+    raw = np.frombuffer(json.dumps(obj, default=builtin).encode(), dtype=np.uint8)
+    size = np.array([raw.size], dtype=np.int64)
+    is_root = comm.Get_rank() == root
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64) if is_root else None
+    peers = list(range(comm.Get_size()))
+    wait_all([comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T] if is_root else None, root=root)], timeout_s, what, comm,
+             epoch, peers)
+    recv = None
+    if is_root:
+        counts = sizes.astype(np.int64)
+        displs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        data = np.empty(int(counts.sum()), dtype=np.uint8)
+        recv = [data, (counts.tolist(), displs.tolist()), MPI.BYTE]
+    wait_all([comm.Igatherv([raw, MPI.BYTE], recv, root=root)], timeout_s, what, comm, epoch, peers)
+    if not is_root:
+        return None
+    return [json.loads(bytes(data[d:d + c]).decode()) for c, d in zip(counts, displs)]
