@@ -184,6 +184,7 @@ def plot(parts: list[dict], floors: dict, truths: list[str], budget_s: float, pa
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharey=True)
     colors = {m: c for m, c in zip(MODES, ("tab:blue", "tab:orange", "tab:green", "tab:purple"))}
+    t_max = max([budget_s] + [q["time_s"] for p in parts for q in p["points"]]) / 60
     for k, truth in enumerate(truths):
         ax = axes[k // cols][k % cols]
         for p in (p for p in parts if p["truth_arg"] == truth):
@@ -195,6 +196,7 @@ def plot(parts: list[dict], floors: dict, truths: list[str], budget_s: float, pa
             ax.axhline(fl["max_abs_r"], color="tab:red", ls=":", lw=1.2, label="ML fit on the same events")
         ax.axvline(budget_s / 60, color="gray", lw=0.8, label=f"{budget_s / 60:.0f} min")
         ax.set_yscale("log")
+        ax.set_xlim(0, 1.05 * t_max)
         ax.set_title(f"T{k}: " + ("default truth" if truth == "default" else truth), fontsize=8)
         ax.set_xlabel("training time per rank [min]", fontsize=8)
         if k % cols == 0:
