@@ -76,6 +76,10 @@ def print_config_help() -> None:
 def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
+    try:  # the installed version, without importing h5py (that costs every rank ~0.2 s of start-up)
+        h5py_version = version("h5py")
+    except PackageNotFoundError:
+        h5py_version = None
     import mpi4py
     import numpy
     import torch
@@ -84,15 +88,8 @@ def versions() -> dict:
     import sagips
 
     return {"sagips": sagips.__version__, "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, "mpi4py": mpi4py.__version__, "h5py": _version_of("h5py", version, PackageNotFoundError),
+            "numpy": numpy.__version__, "mpi4py": mpi4py.__version__, "h5py": h5py_version,
             "mpi": MPI.Get_library_version().splitlines()[0].strip(), "cuda": torch.version.cuda}
-
-
-def _version_of(name: str, version, missing) -> str | None:
-    try:  # the installed version, without importing the package (h5py costs every rank ~0.2 s of start-up)
-        return version(name)
-    except missing:
-        return None
 
 
 def _now() -> str:
