@@ -368,6 +368,12 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         trainer.progress_desc = f"{cfg.mode} member {member}"
     marker = StateMarker(comm, out_dir)
     trainer.on_state_saved = marker.saved
+    agreement = None
+    if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
+        from sagips.comm.stop import StopAgreement
+
+        agreement = StopAgreement(comm, cfg.comm.timeout_s or None)
+        trainer.stop_agreement = agreement
     phase("run_json")
     from sagips.perf import process_age_s
 
@@ -404,6 +410,11 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         if world.size > 1:
             abort_job(world)  # does not return
         raise
+    if agreement is not None:  # every rank posted the same reductions: complete them before anything is freed
+        agreement.finish(state.epoch)
+        if agreement.signalled_at is not None:
+            print(f"sagips: rank {comm.rank}: stop requested by a signal at the end of epoch {agreement.signalled_at}; "
+                  f"every rank stops after epoch {agreement.target}", file=sys.stderr, flush=True)
     if exchange is not None:
         exchange.free()
     if topo is not None:
@@ -412,10 +423,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+    marker.finish(state.epoch)  # state/latest.json names the last epoch that every rank saved
     if stopped is not None:
         print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
-    marker.finish(state.epoch)
     wall = time.time() - t0
     final_q = trainer.last_quality
     if rma and comm.size > 1:

@@ -140,6 +140,8 @@ class Trainer:
         self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
+        #: agrees the stop between ranks (sagips.comm.stop.StopAgreement); None: this rank stops on its own request
+        self.stop_agreement = None
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
         self.G_ema: torch.nn.Module | None = None  #: train.ema > 0: the averaged generator (made at its first update)
         self.ema_steps = 0
@@ -333,6 +335,9 @@ class Trainer:
                         with self.ranges(LOG):
                             self._log(epoch, out, bar)
                     stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
+                    if self.stop_agreement is not None:  # every rank stops at the same, agreed epoch
+                        target = self.stop_agreement.after_epoch(epoch, stop)
+                        stop = target is not None and epoch >= target
                     if epoch % t.state_every == 0 or epoch == t.epochs or stop:
                         self.save_state()
                 if bar is not None:

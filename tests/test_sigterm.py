@@ -6,12 +6,11 @@ Two routes are tested, because a batch system may use either:
 - SIGTERM to mpiexec only: MPICH's hydra (5.0.2, the .venv's) forwards SIGTERM (and SIGINT, SIGUSR1) to every rank
   and then waits for them; it does not tear the job down when a rank exits with a non-zero status on its own.
 
-The mode is `ensemble`: ranks do not wait for each other, so each stops at the end of ITS current epoch (here at most
-one epoch apart: ARGS logs every epoch, and the quality gather to rank 0 keeps the ranks that close); `--resume`
-continues from the newest epoch whose state exists for every rank.
+The mode is `ensemble`: ranks do not wait for each other in an exchange; the stop agreement still makes both stop at
+the same epoch; `--resume` continues from the newest epoch whose state exists for every rank.
 
-The stop is not agreed between ranks: in a synchronous mode, a rank that has not seen the signal waits for the stopped
-ones in its next exchange until the watchdog (comm.timeout_s) aborts the job; the last test pins that down.
+A signal that reaches one rank only stops every rank at the same epoch, in every mode (sagips/comm/stop.py): the last
+test.
 """
 import os
 import re
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from sagips.io.metrics import read_metrics
-from sagips.io.state import resume_epoch, state_epochs
+from sagips.io.state import read_latest, resume_epoch, state_epochs
 from tests._mpirun import job_with_state, run_mpi
 from tests.test_faults import rank_pids
 from tests.test_resume import ARGS, EPOCHS, final_generators
@@ -81,22 +80,30 @@ def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, ta
     assert [x["epoch"] for x in m] == list(range(1, EPOCHS + 1))  # nothing duplicated, nothing missing
 
 
-def test_sigterm_to_one_rank_of_a_synchronous_mode_is_caught_by_the_watchdog(tmp_path):
-    """The worst case of a synchronous mode: the signal reaches (or is seen at the end of an epoch by) only some
-    ranks. Those save and exit 143; the others wait for them in the next exchange until the watchdog
-    (comm.timeout_s) aborts the job naming the rank that left. A complete state for every rank remains."""
+@pytest.mark.parametrize("mode,n", [("ensemble", 2), ("allreduce", 2), ("arar", 2), ("arar-arar", 4),
+                                    ("rma-arar-arar", 4)])
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_epoch(tmp_path, mode, n):
+    """PBS's SIGTERM seen by one rank only (the worst case): the ranks agree (sagips/comm/stop.py), every rank saves
+    the same epoch, within 2 epochs of the signal, and the job exits 143 at once (no watchdog, no survivors)."""
     out = tmp_path / "cut"
-    args = [*ARGS, "--mode", "allreduce", "--output-dir", str(out), *SLOW, "--set", "comm.timeout_s=3"]
-    with job_with_state(2, args, out) as p:
+    slow = ["--set", "pipeline.delay_s=0.2", "--set", f"pipeline.delay_ranks={list(range(n))}"]
+    args = [*ARGS, "--mode", mode, "--output-dir", str(out), *slow, "--set", "comm.inner_size=2",
+            "--set", "comm.timeout_s=60", "--epochs", "30"]
+    with job_with_state(n, args, out) as p:
         os.kill(rank_pids(str(out))[1], signal.SIGTERM)
         so, se = p.communicate(timeout=60)
     log = so + se
-    m = re.search(r"rank 1: stopped by a signal after epoch (\d+)", log)
-    assert m, log[-2000:]
-    epoch = int(m.group(1))
-    assert re.search(rf"rank 0 waited [\d.]+ s in allreduce \(epoch {epoch + 1}\) for rank 1; aborting", log), \
-        log[-2000:]
-    assert p.returncode != 0
-    assert epoch in state_epochs(out, 1)
-    start = resume_epoch(out, 2)
-    assert start is not None and start <= epoch  # --resume continues from the newest state both ranks hold
+    assert p.returncode == 143, f"exit {p.returncode}: {log[-2000:]}"
+    seen = re.search(r"rank 1: stop requested by a signal at the end of epoch (\d+); every rank stops after epoch "
+                     r"(\d+)", log)
+    assert seen, log[-2000:]
+    signalled, target = int(seen.group(1)), int(seen.group(2))
+    stopped = {int(r): int(e) for r, e in re.findall(r"rank (\d+): stopped by a signal after epoch (\d+)", log)}
+    assert stopped == {r: target for r in range(n)}, (stopped, log[-2000:])
+    assert signalled <= target <= signalled + 2, (signalled, target)
+    for rank in range(n):
+        assert target in state_epochs(out, rank), (rank, target, state_epochs(out, rank))
+    assert (read_latest(out) or {}).get("epoch") == target  # the marker names the agreed epoch
+    assert resume_epoch(out, n) == target
+    assert "waited" not in log  # no rank was left waiting for a stopped one
+    assert rank_pids(str(out)) == {}, "ranks survived the stop"
