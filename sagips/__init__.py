@@ -7,3 +7,18 @@ environment) turns them into events, and every MPI rank's own discriminator comp
 Only generator gradients cross ranks (`sagips.comm`).
 """
 __version__ = "0.1.0"
+
+__all__ = ["Environment", "ParametricEnvironment"]
+
+
+def __getattr__(name: str):
+    # lazy: `import sagips` must not import torch (sagips.run supervises its rank before torch and MPI load)
+    if name == "ParametricEnvironment":
+        from sagips.parametric import ParametricEnvironment
+
+        return ParametricEnvironment
+    if name == "Environment":
+        from sagips.environment import Environment
+
+        return Environment
+    raise AttributeError(f"module 'sagips' has no attribute {name!r}")

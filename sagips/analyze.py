@@ -166,7 +166,8 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
         "environment": runs[0].environment,
         "settings": {"noise_samples": args.noise_samples, "group_by": args.group_by, "resamples": args.resamples,
                      "seed": args.seed},
-        "parameters": [f"r_{i}" for i in range(n_par)],
+        "parameters": (list(series[0].names) if series[0].names and len(series[0].names) == n_par
+                       else [f"r_{i}" for i in range(n_par)]),
         "groups": [group_summary(g, args.resamples, rng) for g in series],
         "runs": per_run,
         "analysis_rate_by_world_size": agg,
@@ -217,9 +218,10 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
     lines.append("| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |")
     lines.append("|---|---:|" + "---:|" * len(groups))
     truth = groups[0]["truth"]
-    for i in range(len(summary["parameters"])):
+    for i, pname in enumerate(summary["parameters"]):
+        label = f"r̂_{i}" if pname == f"r_{i}" else f"r̂ ({pname})"
         cells = [f"{g['final']['residual_1e3'][i]:.1f} ± {g['final']['residual_sigma_1e3'][i]:.1f}" for g in groups]
-        lines.append(f"| r̂_{i} | {truth[i]:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | {truth[i]:g} | " + " | ".join(cells) + " |")
     lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
     lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" for g in groups)
                  + " |")

@@ -1,6 +1,7 @@
 """Typed run configuration: dataclasses whose defaults are the paper's settings (SAGIPS paper, Table III).
 
-Precedence, lowest first: dataclass defaults -> `--config FILE` (a preset YAML, which only overrides) ->
+Precedence, lowest first: dataclass defaults -> the environment's `config_defaults` -> `--config FILE` (a preset
+YAML, which only overrides; or `ENV:NAME`, a preset that environment ENV ships) ->
 `--set a.b=value` (values parsed as YAML) -> the dedicated CLI flags (`--mode`, `--epochs`, `--seed`, ...).
 
 Every error (unknown key, wrong type, value out of range) is a `ConfigError` whose message is one line that names
@@ -305,8 +306,13 @@ def merge(base: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+DEFAULT_ENVIRONMENT = "proxy1d"
+
+
 def build_config(raw: dict) -> Config:
-    """Validate a raw nested dict into a Config, including the environment's own section."""
+    """Validate a raw nested dict into a Config, including the environment's own section.
+
+    The environment's `config_defaults` (e.g. its `train:` settings) lie beneath what `raw` says."""
     from sagips.environment import get_environment  # local: the registry imports torch
 
     raw = dict(raw)
@@ -314,20 +320,72 @@ def build_config(raw: dict) -> Config:
     if not isinstance(env_raw, dict):
         raise ConfigError(f"environment: expected a mapping with at least 'name', got {env_raw!r}")
     env_raw = dict(env_raw)
-    name = env_raw.pop("name", "proxy1d")
+    named = "name" in env_raw
+    name = env_raw.pop("name", DEFAULT_ENVIRONMENT)
     if not isinstance(name, str):
         raise ConfigError(f"environment.name: expected the name of a registered environment, got {name!r}")
     env_cls = get_environment(name)
+    for section, defaults in (getattr(env_cls, "config_defaults", None) or {}).items():
+        given = raw.get(section)
+        if given is None or isinstance(given, dict):  # anything else is reported by from_dict below
+            raw[section] = {**defaults, **(given or {})}
     cfg = from_dict(Config, raw)
-    cfg.environment = from_dict(env_cls.Config, env_raw, "environment.")
+    try:
+        cfg.environment = from_dict(env_cls.Config, env_raw, "environment.")
+    except ConfigError as e:
+        if named:
+            raise
+        raise ConfigError(f"environment keys without environment.name were read as {DEFAULT_ENVIRONMENT}'s ({e}); "
+                          f"set environment.name to your environment") from None
     cfg.environment.name = name
     return cfg
+
+
+def preset(spec: str) -> dict:
+    """`ENV:NAME`: the preset NAME that environment ENV ships (Environment.presets), as a raw config dict."""
+    import copy
+    import os
+    import sys
+
+    from sagips.environment import get_environment
+
+    env_name, name = spec.split(":", 1)
+    env_cls = get_environment(env_name)
+    presets = getattr(env_cls, "presets", None) or {}
+    if name not in presets:
+        known = ", ".join(f"{env_name}:{k}" for k in sorted(presets)) or "none"
+        raise ConfigError(f"--config {spec}: environment {env_name!r} ships no preset {name!r} (its presets: {known})")
+    value = presets[name]
+    if isinstance(value, str):  # a YAML file beside the environment's module
+        module = sys.modules.get(env_cls.__module__)
+        base = os.path.dirname(os.path.abspath(getattr(module, "__file__", "") or "."))
+        raw = load_yaml(os.path.join(base, value))
+    elif isinstance(value, dict):
+        raw = copy.deepcopy(value)
+    else:
+        raise ConfigError(f"--config {spec}: the preset must be a mapping or a YAML file name, got {type(value).__name__}")
+    env = raw.get("environment")
+    if env is None:
+        env = raw["environment"] = {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"--config {spec}: the preset's environment section must be a mapping")
+    if env.setdefault("name", env_name) != env_name:
+        raise ConfigError(f"--config {spec}: the preset names environment {env['name']!r}, not {env_name!r}")
+    return raw
+
+
+def is_preset(config_file: str) -> bool:
+    """`ENV:NAME` (no such file, one colon, no path separators): a preset shipped by an environment."""
+    import os
+    import re
+
+    return not os.path.exists(config_file) and re.fullmatch(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+", config_file) is not None
 
 
 def config_to_dict(cfg: Config) -> dict:
     d = to_dict(cfg)
     env = dict(d.pop("environment") or {})
-    env = {"name": getattr(cfg.environment, "name", "proxy1d"), **{k: v for k, v in env.items() if k != "name"}}
+    env = {"name": getattr(cfg.environment, "name", DEFAULT_ENVIRONMENT), **{k: v for k, v in env.items() if k != "name"}}
     return {"mode": d.pop("mode"), "environment": env, **d}
 
 
@@ -335,7 +393,10 @@ def load(config_file: str | None, sets: list[str] = (), flags: dict | None = Non
     """Defaults <- YAML preset (or `base`, e.g. the config saved in a run.json) <- --set overrides <- CLI flags."""
     import copy
 
-    raw: dict = load_yaml(config_file) if config_file else copy.deepcopy(base or {})
+    if config_file and is_preset(config_file):
+        raw: dict = preset(config_file)
+    else:
+        raw = load_yaml(config_file) if config_file else copy.deepcopy(base or {})
     for item in sets:
         path, value = parse_set(item)
         merge(raw, path, value)

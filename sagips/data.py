@@ -5,15 +5,20 @@
 
     python -m sagips.data optigan --out data/optigan.h5 ...     (see python -m sagips.data optigan --help)
 
+    python -m sagips.data ENV --out data/env.h5 [--events N] [--seed S] [--set true_params.a=1.5]...
+                                                                # any other registered environment
+
 proxy1d writes dataset `events` (N x 2, float32) with attributes `true_params` and `norms`; optigan writes
-`photons` (N x 6) and `conditions` (N x 3), plus a held-out file beside it (docs/optigan.md).
+`photons` (N x 6) and `conditions` (N x 3), plus a held-out file beside it (docs/optigan.md). Any other environment
+writes what its `generate_reference` returns (a ParametricEnvironment: `events`, N x event width, with attributes
+`true_params` and `parameter_names`), configured by `--set` on its `environment:` keys.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sagips.config import ConfigError, build_config
+from sagips.config import ConfigError, build_config, merge, parse_set
 
 
 def main(argv=None) -> int:
@@ -27,16 +32,34 @@ def main(argv=None) -> int:
     from sagips_environments.optigan.data import add_cli as add_optigan_cli
 
     add_optigan_cli(sub)  # `optigan`: its own options and handler (args.run)
+    from sagips.environment import available
+
+    for name in sorted(set(available()) - {"proxy1d", "optigan"}):  # every other environment, loaded only if chosen
+        g = sub.add_parser(name, help=f"reference data of environment {name} at its configured truth")
+        g.add_argument("--events", type=int, default=None, help="number of events (default: the environment's "
+                       "reference_events)")
+        g.add_argument("--out", required=True, metavar="FILE.h5", help="output HDF5 file (written atomically)")
+        g.add_argument("--seed", type=int, default=1234, help="random seed (default 1234)")
+        g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an environment key, e.g. "
+                       "--set true_params.a=1.5 (VALUE parsed as YAML); repeatable")
     args = p.parse_args(argv)
     if hasattr(args, "run"):
         return args.run(args)
     try:
-        if args.events < 1:
+        if args.events is not None and args.events < 1:
             raise ConfigError("--events: must be >= 1")
         env_raw = {"name": args.env}
-        if args.true_params:
+        if getattr(args, "true_params", None):
             env_raw["true_params"] = list(args.true_params)
-        cfg = build_config({"environment": env_raw})
+        if args.events is not None:  # through the config, so that the protocol's generate_reference(cfg, seed) suffices
+            env_raw["reference_events"] = args.events
+        raw = {"environment": env_raw}
+        for item in getattr(args, "set", []):
+            path, value = parse_set(item)
+            merge(env_raw, path, value)
+        if env_raw.get("name") != args.env:
+            raise ConfigError(f"--set name: the environment is chosen by the command ({args.env})")
+        cfg = build_config(raw)
     except ConfigError as e:
         print(f"sagips.data: error: {e}", file=sys.stderr)
         return 2
@@ -44,7 +67,7 @@ def main(argv=None) -> int:
     from sagips.io.refdata import write_reference
 
     env_cls = get_environment(args.env)
-    arrays, attrs = env_cls.generate_reference(cfg.environment, args.seed, n_events=args.events)
+    arrays, attrs = env_cls.generate_reference(cfg.environment, args.seed)
     write_reference(args.out, arrays, attrs)
     shapes = ", ".join(f"{k} {v.shape}" for k, v in arrays.items())
     print(f"wrote {args.out}: {shapes}")

@@ -19,6 +19,17 @@ The trainer's epoch loop, in terms of this protocol::
     fake = env.synthesize(G, real)                      # differentiable w.r.t. G
     loss_g, extras = env.g_loss(D, real, fake)          # backward, then the gradient exchange, then G step
 
+Around the loop: `sagips.run` calls `generate_reference(cfg, seed)` on rank 0 (or reads `cfg.data_file`, an HDF5
+file with the datasets of `datasets`), `attach_data(arrays, attrs, rng)` on every rank, `truth()` and
+`parameter_names()` for run.json, `quality(G, n)` every `train.log_every` epochs and `combine_quality(per_rank)`
+over ranks, `summary_table(q)` at the end; `--resume` restores `gen`, calls `select_subset(idx)` with the saved
+`subset_idx` and `load_extra_state(extra_state())`; `sagips.analyze` rebuilds the environment from run.json and
+evaluates `params(G, n)` on a shared batch drawn through `noise(n)`. The first epoch of every process is checked
+(`sagips.checks`): errors there are one line that names the method to fix.
+
+Most users do not implement this protocol: `sagips.ParametricEnvironment` does it for a few named, bounded
+parameters and a density or simulator (docs/environments.md).
+
 Losses that are sums over rows should go through `self.critic_loss(fn, inputs, D)`: on a CPU it runs the critic in
 cache-sized row chunks (`train.chunk_rows`, sagips/chunked.py), with the same loss and gradients.
 """
@@ -26,21 +37,40 @@ from __future__ import annotations
 
 import abc
 from importlib.metadata import entry_points
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import torch
 
+from sagips.config import ConfigError
+
 GROUP = "sagips.environments"
+
+
+class EnvironmentCheckError(ConfigError):
+    """The environment's code broke a contract (found at the first epoch): one line that names the method to fix.
+    A ConfigError, so `sagips.run` prints it once and exits with status 2."""
 
 
 class Environment(abc.ABC):
     """Base class of SAGIPS environments. Subclasses set `name`, `Config` and implement the methods below."""
 
     name: ClassVar[str]
-    Config: ClassVar[type]  #: the dataclass of the `environment:` config section
+    #: the dataclass of the `environment:` config section (documented fields made with `sagips.config.opt`, an
+    #: optional `validate()` raising ConfigError); a field `data_file` (str | None), when present, names a reference
+    #: HDF5 file that `sagips.run` reads instead of calling `generate_reference`
+    Config: ClassVar[type]
     #: names of the HDF5 datasets of the reference data, with their expected number of columns
     datasets: ClassVar[dict[str, int]]
+    #: presets that travel with the environment: name -> a config mapping (the sections of a --config YAML) or a
+    #: YAML file name relative to the environment's module; chosen with `sagips.run --config ENV:NAME`
+    presets: ClassVar[dict[str, Any]] = {}
+    #: config defaults of this environment beneath any preset, e.g. {"train": {"epochs": 2000, "lr_g": 1e-3}}
+    #: (without them a new environment starts from the paper's proxy 1D training settings)
+    config_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: indices of the reference rows this rank keeps (saved in the training state; --resume restores them through
+    #: `select_subset`); None where the environment keeps no subset
+    subset_idx: Optional[np.ndarray] = None
     n_critic: int = 1  #: critic steps per generator step
     #: rows per chunk of the critic's passes (set by the trainer from train.chunk_rows; 0 = whole batch); see
     #: `critic_loss` and sagips/chunked.py
@@ -98,10 +128,30 @@ class Environment(abc.ABC):
     def events_per_epoch(self) -> int:
         """Discriminator batch size: synthetic events per critic step (N_disc of eq. 9)."""
 
+    def select_subset(self, idx: np.ndarray) -> None:
+        """Keep the reference rows `idx` (this rank's share) and set `subset_idx`; --resume calls it with the
+        saved indices. Needed only by environments that set `subset_idx` in `attach_data`."""
+        raise NotImplementedError(f"{type(self).__name__} sets subset_idx but does not implement select_subset(idx)")
+
+    # -- parameters (sagips.analyze) -----------------------------------------------------------------------------
+    def noise(self, n: int) -> torch.Tensor:
+        """n generator inputs, drawn from `self.gen` (sagips.analyze replaces it to share one batch between runs)."""
+        raise NotImplementedError(f"{type(self).__name__} has no noise(n)")
+
+    def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
+        """Physical parameter predictions (n, P) of generator G, for noise drawn through `self.noise(n)`."""
+        raise NotImplementedError(f"{type(self).__name__} has no params(G, n)")
+
+    def parameter_names(self) -> list[str] | None:
+        """Names of the P predicted parameters (tables, analysis); None: not a parameter-predicting environment."""
+        return None
+
     # -- quality -----------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def quality(self, G: torch.nn.Module) -> dict[str, Any]:
-        """Convergence measures for metrics.jsonl (residuals for proxy1d, JS similarity for optigan)."""
+    def quality(self, G: torch.nn.Module, n: int) -> dict[str, Any]:
+        """Convergence measures of generator G for metrics.jsonl, from n noise vectors (train.quality_samples):
+        residuals for proxy1d, JS similarity for optigan. JSON-able values; must not draw from `self.gen` (a
+        resumed run stays bit-identical)."""
 
     def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         """The run's quality from every rank's (e.g. the prediction averaged over the ranks' generators)."""
@@ -117,7 +167,7 @@ class Environment(abc.ABC):
         return None
 
     def truth(self) -> list[float] | None:
-        """The true parameters, if the environment has them (loop-closure tests)."""
+        """The true parameters, if the environment has them (loop-closure tests; sagips.analyze needs them)."""
         return None
 
     def progress_fields(self, quality: dict[str, Any]) -> dict[str, str]:
@@ -130,18 +180,34 @@ class Environment(abc.ABC):
 
 
 def available() -> dict[str, Any]:
+    """name -> entry point of every registered environment (nothing is imported)."""
     return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def _package(ep) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"package {dist.name!r}" if dist is not None and getattr(dist, "name", None) else "an unknown package"
+
+
+def load_entry_point(ep) -> type[Environment]:
+    """The Environment subclass behind one entry point; a ConfigError of one line (naming the package) otherwise."""
+    try:
+        cls = ep.load()
+    except Exception as e:  # noqa: BLE001  (a third party's import can fail in any way)
+        detail = " ".join(str(e).split())[:200]
+        raise ConfigError(f"environment {ep.name!r}: its entry point {ep.value!r} from {_package(ep)} cannot be "
+                          f"loaded ({type(e).__name__}: {detail}); fix or reinstall that package") from None
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ConfigError(f"environment {ep.name!r}: its entry point {ep.value!r} from {_package(ep)} is not a "
+                          f"subclass of sagips.Environment")
+    return cls
 
 
 def get_environment(name: str) -> type[Environment]:
     """The registered environment class called `name`; a ConfigError naming the choices otherwise."""
-    from sagips.config import ConfigError
-
     eps = available()
     if name not in eps:
         known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
         raise ConfigError(f"environment.name: unknown environment {name!r} (registered: {known})")
-    cls = eps[name].load()
-    if not (isinstance(cls, type) and issubclass(cls, Environment)):
-        raise ConfigError(f"environment.name: entry point {name!r} does not point to an Environment subclass")
-    return cls
+    return load_entry_point(eps[name])
+

@@ -67,9 +67,17 @@ def print_config_help() -> None:
     print("Config keys (set them in a --config YAML or with --set KEY=VALUE):\n")
     for key, default, help_ in describe(Config):
         print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
+    from sagips.environment import load_entry_point
+
     for name, ep in sorted(available().items()):
-        print(f"\nenvironment.* for environment.name={name}:\n")
-        for key, default, help_ in describe(ep.load().Config, "environment."):
+        try:
+            env_cls = load_entry_point(ep)
+        except ConfigError as e:  # a broken third-party package must not hide the others' keys
+            print(f"\nskipped: {e}")
+            continue
+        presets = ", ".join(f"--config {name}:{p}" for p in sorted(env_cls.presets))
+        print(f"\nenvironment.* for environment.name={name}" + (f" (presets: {presets})" if presets else "") + ":\n")
+        for key, default, help_ in describe(env_cls.Config, "environment."):
             print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
 
 
@@ -341,7 +349,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
         "environment": cfg.environment.name, "mode": f"ddp-{trainer.G.backend}" if peer == "ddp" else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
-        "config": config_to_dict(cfg), "truth": env.truth(), "events_per_epoch": env.events_per_epoch,
+        "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
+        "events_per_epoch": env.events_per_epoch,
         "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
         "exchanged_floats": (trainer.grads.n if topo is not None else
                              sum(p.numel() for p in trainer.G.parameters()) if peer == "ddp" else 0),
@@ -390,6 +399,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
 
     import signal
 
+    from sagips.checks import FirstEpochCheckError
     from sagips.trainer import StopRequested
 
     def request_stop(signum, frame):  # PBS sends SIGTERM before it kills: finish the epoch, save, stop
@@ -403,6 +413,14 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         state = trainer.fit(progress=True)
     except StopRequested as e:
         stopped, state = e, trainer.state
+    except FirstEpochCheckError:
+        # the environment failed a first-epoch check (sagips.checks): every rank raised it at the same point, before
+        # any exchange, so the collective clean-up is safe; main() prints the one line once and exits with status 2
+        if exchange is not None:
+            exchange.free()
+        if topo is not None:
+            topo.free()
+        raise
     except BaseException:
         # Report and abort BEFORE any collective clean-up: freeing an RMA window or a communicator is collective,
         # so a failed rank that tried it would wait there for ranks that train on until the watchdog fires, and its

@@ -119,6 +119,8 @@ class Trainer:
         self.gather_quality = gather_quality
         self.computes_quality = computes_quality
         self.is_root = is_root
+        self.share = share
+        self.checked = False  #: the first-epoch checks of the environment ran in this process (sagips.checks)
         t = cfg.train
         self.G = env.build_generator()
         self.D = env.build_discriminator()
@@ -240,6 +242,18 @@ class Trainer:
         return torch.autocast(self.env.device.type, dtype=self.amp_dtype or torch.float32,
                               enabled=self.amp_dtype is not None)
 
+    def check_environment(self, real: Any) -> None:
+        """The first-epoch checks (sagips.checks) on rank 0, their verdict shared, so that every rank raises the
+        same one-line FirstEpochCheckError before anything is exchanged."""
+        from sagips.checks import FirstEpochCheckError, first_epoch_problem
+
+        problem = first_epoch_problem(self.env, self.G, real) if self.rank == 0 else None
+        if self.share is not None:
+            problem = self.share(problem)
+        self.checked = True
+        if problem:
+            raise FirstEpochCheckError(problem)
+
     def step(self, epoch: int) -> dict[str, float]:
         env, G, D, rng = self.env, self.G, self.D, self.ranges
         bad_d = 0
@@ -247,6 +261,8 @@ class Trainer:
             with rng(CRITIC):
                 with rng(DATA):
                     real = env.real_batch()
+                if not self.checked:
+                    self.check_environment(real)
                 with torch.no_grad():
                     fake = env.synthesize(G, real)
                 with self._autocast():

@@ -193,7 +193,7 @@ class RunPredictor:
 
     def __init__(self, run: Run, noise_seed: int):
         from sagips.config import ConfigError, from_dict
-        from sagips.environment import get_environment
+        from sagips.environment import Environment, get_environment
 
         self.run = run
         env_raw = dict((run.info.get("config") or {}).get("environment") or {})
@@ -211,10 +211,11 @@ class RunPredictor:
         # noise(K): every run built with the same seed (and noise size) gets the same noise batch.
         self.env = env_cls(env_cfg, "cpu", noise_seed)
         for attr in ("noise", "params"):
-            if not callable(getattr(self.env, attr, None)):
+            if getattr(type(self.env), attr, None) is getattr(Environment, attr):
                 raise AnalysisError(f"{run.path}: environment {name!r} has no {attr}() method; the ensemble analysis "
                                     f"needs parameter predictions p = params(G, n) from noise(n)")
         self.G = self.env.build_generator().eval()
+        self.names = self.env.parameter_names()  #: the parameters' names, or None (tables then say r_0, r_1, ...)
 
     def noise(self, k: int) -> torch.Tensor:
         return self.env.noise(k).detach().clone()
@@ -274,6 +275,7 @@ class GroupSeries:
     epochs: np.ndarray    #: (T,)
     time_s: np.ndarray    #: (T,) mean accumulated training seconds over all runs' ranks at each epoch
     preds: np.ndarray     #: (T, N, K, P) every run's rank-averaged prediction per noise vector
+    names: list[str] | None = None  #: the parameters' names (Environment.parameter_names), None: unnamed
 
     def at(self, t: int, members: Sequence[int] | None = None) -> stats.EnsembleResult:
         """Eqs. 6-8 at time step t, for all runs or the given subset."""
@@ -305,4 +307,4 @@ def predict_group(name: str, runs: Sequence[Run], noise_samples: int, noise_seed
         if progress is not None:
             progress(f"group {name}: epoch {epoch} ({t + 1}/{len(common)})")
     return GroupSeries(name, list(runs), runs[0].truth.copy(), np.asarray(common), np.asarray(times),
-                       np.stack(preds))
+                       np.stack(preds), predictors[0].names)

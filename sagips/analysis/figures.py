@@ -73,7 +73,8 @@ def residuals_vs_time(summary: dict[str, Any], path: str) -> str:
             ax.axhline(0.0, color="k", linestyle="--", linewidth=0.7)
             ax.grid(alpha=0.3)
             if j == 0:
-                ax.set_ylabel(rf"$\hat r_{{{i}}}$")
+                named = names[i] != f"r_{i}"  # an environment's parameter name (ParametricEnvironment), else r_i
+                ax.set_ylabel(f"r̂ ({names[i]})" if named else rf"$\hat r_{{{i}}}$")
             if i == 0:
                 ax.set_title(_group_title(g), fontsize=9)
             if i == nrow - 1:

@@ -29,7 +29,11 @@ def broadcast_arrays(comm, make: Callable[[], tuple[dict[str, np.ndarray], dict[
             header = {"ok": True, "arrays": {k: list(v.shape) for k, v in arrays.items()},
                       "attrs": {k: np.asarray(v).tolist() for k, v in attrs.items()}}
         except Exception as e:  # forwarded to every rank below
-            header = {"ok": False, "type": type(e).__name__, "error": str(e)}
+            from sagips.config import ConfigError
+
+            # a ConfigError subclass (e.g. an environment's EnvironmentCheckError) stays a one-line ConfigError
+            kind = "ConfigError" if isinstance(e, ConfigError) else type(e).__name__
+            header = {"ok": False, "type": kind, "error": str(e)}
     raw = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8) if comm.rank == root else None
     size = np.array([0 if raw is None else raw.size], dtype=np.int64)
     # The other ranks wait here while the root reads or generates the data (seconds to minutes). MPICH's blocking

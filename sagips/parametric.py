@@ -1,0 +1,367 @@
+"""`ParametricEnvironment`: an inverse problem in a few lines, for the common case of a few named, bounded parameters.
+
+    import torch
+    from sagips import ParametricEnvironment
+
+    class Toy1D(ParametricEnvironment):
+        name = "toy1d"
+        parameters = {"a": (0.5, 3.0), "b": (-1.0, 1.0), "c": (0.1, 2.0)}   # name -> (low, high), ordered
+        true_params = {"a": 1.7, "b": -0.4, "c": 0.9}                       # default truth for generated data
+        support = (0.0, 1.0)                                                # x range of the events
+        def density(self, p, x):            # p: (B, n_params) physical values, x: (G,) grid -> (B, G), >= 0
+            a, b, c = p[:, :1], p[:, 1:2], p[:, 2:3]
+            return 1 + b * x + a * x * x * torch.exp(-c * x)
+
+The user writes the physics, one of two forms:
+- `density(self, p, x)`: an unnormalised density of one observable on a grid of `support`; events are drawn from it
+  by the differentiable inverse-CDF sampler of `sagips.sampling` (events of width 1);
+- `simulate(self, p, u)`: parameters p (B, P) and uniforms u (B, E, n_uniforms) in [0, 1) -> events (B, E,
+  event_width), differentiable w.r.t. p (set `event_width` and, if different, `n_uniforms`).
+
+The class supplies the rest of the `sagips.Environment` protocol: its `Config` (truth, bounds, data file, batch sizes,
+networks; errors name the parameter), a generator mlp(noise -> P, Sigmoid) mapped onto the bounds and a
+discriminator mlp(event_width -> 1), the non-saturating GAN losses, a per-rank random subset of the reference data
+(restored by --resume), `noise`, `params`, `quality` (residuals (p - p^)/p by name), `combine_quality`, `truth`,
+`summary_table`, and reference data from the truth (`python -m sagips.data NAME`) or from an HDF5 file (dataset
+`events`, N x event_width). Training defaults that converge in minutes come with it (`config_defaults`); a
+subclass may ship `presets`. See docs/environments.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sagips.config import ConfigError, opt
+from sagips.environment import Environment, EnvironmentCheckError
+from sagips.models import mlp
+from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
+
+
+@dataclass
+class ParametricConfig:
+    """`environment:` section of a ParametricEnvironment (each subclass gets its own copy with its names and truth)."""
+
+    name: str = opt("", "registered environment name")
+    true_params: Any = opt({}, "the truth used to make reference data: a mapping name -> value (unnamed parameters "
+                           "keep the environment's default) or a list in the parameters' order")
+    bounds: Any = opt({}, "bounds of the parameters: a mapping name -> [low, high] (unnamed parameters keep the "
+                      "environment's bounds); the generator predicts inside them")
+    data_file: str | None = opt(None, "reference HDF5 file (dataset 'events', N x event width); null = generate "
+                                "reference_events events from true_params")
+    reference_events: int = opt(1_000_000, "events generated when no data_file is given", min=1)
+    subset_fraction: float = opt(0.5, "fraction of the reference events each rank keeps", gt=0.0, max=1.0)
+    param_samples: int = opt(64, "parameter sets predicted per epoch", min=1)
+    events_per_sample: int = opt(100, "events simulated per parameter set", min=1)
+    grid_points: int = opt(1000, "grid points on the support for the density's inverse-CDF sampler", min=3)
+    noise_dim: int = opt(0, "generator noise dimension (0 = the number of parameters)", min=0)
+    noise_scale: float = opt(0.01, "standard deviation of the generator's Gaussian noise; small values make the "
+                             "generator nearly one point, so that its mean prediction is not the mean of a broad "
+                             "mixture over p", min=0.0)
+    g_out_scale: float = opt(0.1, "scale of the generator's output-layer weights at initialisation (small: every "
+                             "run starts near the middle of the parameter box)", min=0.0)
+    hidden: int = opt(128, "hidden width of both networks", min=1)
+    layers: int = opt(4, "hidden layers of both networks", min=1)
+    d_steps: int = opt(1, "discriminator steps per generator step", min=1)
+    loss: str = opt("bce", "adversarial loss: 'bce' (non-saturating GAN) or 'mse' (least squares)",
+                    choices=("bce", "mse"))
+
+    #: set on each subclass's copy: name -> (low, high) and name -> truth of the environment class
+    env_parameters: ClassVar[dict[str, tuple[float, float]]] = {}
+    env_truth: ClassVar[dict[str, float]] = {}
+
+    def _number(self, key: str, v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"{key}: expected a finite number, got {v!r}")
+        return float(v)
+
+    def _by_name(self, key: str, given: Any, default: dict[str, Any]) -> dict[str, Any]:
+        names = list(self.env_parameters)
+        if given is None:
+            return dict(default)
+        if isinstance(given, (list, tuple)):
+            if len(given) != len(names):
+                raise ConfigError(f"{key}: expected {len(names)} values ({', '.join(names)}), got {len(given)}")
+            given = dict(zip(names, given))
+        if not isinstance(given, dict):
+            raise ConfigError(f"{key}: expected a mapping name -> value ({', '.join(names)}), got {given!r}")
+        unknown = [k for k in given if k not in names]
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}: unknown parameter (parameters: {', '.join(names)})")
+        return {n: given.get(n, default[n]) for n in names}
+
+    def validate(self) -> None:
+        bounds = self._by_name("environment.bounds", self.bounds, {n: list(b) for n, b in self.env_parameters.items()})
+        for n, b in bounds.items():
+            key = f"environment.bounds.{n}"
+            if not isinstance(b, (list, tuple)) or len(b) != 2:
+                raise ConfigError(f"{key}: expected [low, high], got {b!r}")
+            lo, hi = self._number(key, b[0]), self._number(key, b[1])
+            if not lo < hi:
+                raise ConfigError(f"{key}: low must be < high, got [{lo}, {hi}]")
+            bounds[n] = [lo, hi]
+        truth = self._by_name("environment.true_params", self.true_params, self.env_truth)
+        for n, t in truth.items():
+            key = f"environment.true_params.{n}"
+            t = truth[n] = self._number(key, t)
+            lo, hi = bounds[n]
+            if not lo <= t <= hi:
+                raise ConfigError(f"{key}: {t} is outside the bounds [{lo}, {hi}] of parameter {n}")
+            if t == 0:
+                raise ConfigError(f"{key}: must be non-zero (the residuals (p - p^)/p divide by it)")
+        self.bounds, self.true_params = bounds, truth
+
+
+class ParametricEnvironment(Environment):
+    """Base class for environments whose unknowns are a few named, bounded parameters (see the module docstring)."""
+
+    parameters: ClassVar[dict[str, tuple[float, float]]]  #: name -> (low, high), in the generator's output order
+    true_params: ClassVar[dict[str, float]]  #: name -> the default truth of generated reference data
+    support: ClassVar[tuple[float, float]] = (0.0, 1.0)  #: the events' range (density form: the sampler's grid)
+    event_width: ClassVar[int] = 1  #: columns of one event (simulate form; the density form has 1)
+    n_uniforms: ClassVar[int | None] = None  #: uniforms per event passed to simulate (None = event_width)
+    pipeline_method: ClassVar[str] = "density"  #: the user's method, named by the first-epoch checks
+    Config: ClassVar[type] = ParametricConfig
+    datasets: ClassVar[dict[str, int]] = {"events": 1}
+    #: training settings that converge in minutes for a few parameters (beneath any preset; `config_defaults` of
+    #: sagips.Environment): large learning rates that decay to 10%, Adam beta2 0.99, frequent logs
+    config_defaults: ClassVar[dict[str, dict[str, Any]]] = {
+        "train": {"epochs": 2000, "lr_g": 1e-3, "lr_d": 1e-3, "lr_final": 0.1, "beta2": 0.99, "log_every": 50,
+                  "checkpoint_every": 250, "state_every": 250},
+        "comm": {"outer_every": 1},
+    }
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "parameters" not in cls.__dict__:
+            return  # an intermediate base class
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        params, truth = cls.parameters, getattr(cls, "true_params", None)
+        if not isinstance(params, dict) or not params:
+            raise TypeError(f"{where}.parameters: expected a mapping name -> (low, high)")
+        if not isinstance(truth, dict) or list(truth) != list(params):
+            raise TypeError(f"{where}.true_params: expected a mapping with the names of `parameters`, in their order "
+                            f"({', '.join(params)})")
+        if not isinstance(getattr(cls, "name", None), str):
+            raise TypeError(f"{where}.name: expected the environment's registered name (a string)")
+        has_density = cls.density is not ParametricEnvironment.density
+        has_simulate = cls.simulate is not ParametricEnvironment.simulate
+        if has_density == has_simulate:
+            raise TypeError(f"{where}: define exactly one of density(self, p, x) and simulate(self, p, u)")
+        cls.pipeline_method = "density" if has_density else "simulate"
+        if has_density:
+            cls.event_width = 1
+        cls.datasets = {"events": cls.event_width}
+        if "Config" not in cls.__dict__:
+            cls.Config = dataclasses.make_dataclass(
+                f"{cls.__name__}Config",
+                [("name", str, opt(cls.name, "registered environment name")),
+                 ("true_params", Any, opt(dict(truth), ParametricConfig.__dataclass_fields__["true_params"]
+                                          .metadata["help"])),
+                 ("bounds", Any, opt({k: list(v) for k, v in params.items()},
+                                     ParametricConfig.__dataclass_fields__["bounds"].metadata["help"]))],
+                bases=(ParametricConfig,), namespace={"env_parameters": dict(params), "env_truth": dict(truth),
+                                                     "__module__": cls.__module__})
+
+    # -- the user's physics (one of the two) --------------------------------------------------------------------
+    def density(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Unnormalised density of the events: p (B, P) physical parameters, x (G,) grid -> (B, G), >= 0."""
+        raise NotImplementedError
+
+    def simulate(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Events: p (B, P), u (B, E, n_uniforms) uniforms in [0, 1) -> (B, E, event_width), differentiable in p."""
+        raise NotImplementedError
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def __init__(self, cfg: Any, device: torch.device | str = "cpu", seed: int = 0):
+        super().__init__(cfg, device, seed)
+        dev = self.device
+        self.names = list(self.parameters)
+        self.n_critic = cfg.d_steps
+        self.pmin = torch.tensor([cfg.bounds[n][0] for n in self.names], device=dev)
+        self.pmax = torch.tensor([cfg.bounds[n][1] for n in self.names], device=dev)
+        self.x = make_grid(cfg.grid_points, *self.support, device=dev)
+        self.data: torch.Tensor | None = None
+        self._n_fake = cfg.param_samples * cfg.events_per_sample
+        self._ones = torch.ones(self._n_fake, 1, device=dev)
+        self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=dev)))
+        self._density_checked = False
+
+    def _events(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Events (B, E, event_width) for parameters p (B, P) and uniforms u (B, E, n_uniforms)."""
+        B, E = u.shape[:2]
+        if self.pipeline_method == "density":
+            x = self.x.to(p.dtype)
+            f = self.density(p, x)
+            if not self._density_checked:
+                self._check_density(f, p, x)
+            _, cdf = normalized_cdf(f, x)
+            return sample_inverse_cdf(cdf, x, u[..., 0])[..., None]
+        ev = self.simulate(p, u)
+        if torch.is_tensor(ev) and ev.ndim == 2 and self.event_width == 1 and tuple(ev.shape) == (B, E):
+            ev = ev[..., None]
+        if not torch.is_tensor(ev) or tuple(ev.shape) != (B, E, self.event_width):
+            shape = tuple(ev.shape) if torch.is_tensor(ev) else type(ev).__name__
+            raise EnvironmentCheckError(f"simulate: returned {shape} for p {tuple(p.shape)} and u {tuple(u.shape)}; "
+                                        f"expected (B, E, event_width) = {(B, E, self.event_width)} (set event_width "
+                                        f"to the columns of one event)")
+        return ev
+
+    def _check_density(self, f: Any, p: torch.Tensor, x: torch.Tensor) -> None:
+        """Once per process: the density's shape and sign (a negative or zero density makes no CDF)."""
+        want = (p.shape[0], x.shape[0])
+        if not torch.is_tensor(f) or tuple(f.shape) != want:
+            shape = tuple(f.shape) if torch.is_tensor(f) else type(f).__name__
+            raise EnvironmentCheckError(f"density: returned {shape} for p {tuple(p.shape)} and x {tuple(x.shape)}; "
+                                        f"expected (B, G) = {want} (index parameters as p[:, i:i+1] to broadcast "
+                                        f"over x)")
+        fd = f.detach()
+        bad_rows = ~torch.isfinite(fd).all(-1) | (fd < 0).any(-1) | ~(fd.sum(-1) > 0)
+        if bool(bad_rows.any()):
+            bad = int(bad_rows.nonzero()[0, 0])
+            named = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.names, p[bad].tolist()))
+            what = "NaN or infinite" if not bool(torch.isfinite(fd[bad]).all()) else "negative or all-zero"
+            raise EnvironmentCheckError(f"density: {what} values at {named} (inside the bounds): a density must be "
+                                        f"finite and >= 0 with a positive integral over the support; narrow "
+                                        f"`parameters` or fix the formula")
+        self._density_checked = True
+
+    # -- reference data -----------------------------------------------------------------------------------------
+    @classmethod
+    def generate_reference(cls, cfg: Any, seed: int, n_events: int | None = None
+                           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """reference_events (or n_events) events at cfg.true_params, simulated in float64 on the CPU."""
+        n = n_events or cfg.reference_events
+        env = cls(cfg, "cpu", seed)
+        p = torch.tensor([[cfg.true_params[k] for k in env.names]], dtype=torch.float64)
+        gen = torch.Generator().manual_seed(seed)
+        out = np.empty((n, cls.event_width), dtype=np.float32)
+        chunk = 1 << 20
+        with torch.no_grad():
+            for start in range(0, n, chunk):  # chunks bound the sampler's memory on huge N
+                m = min(chunk, n - start)
+                u = torch.rand((1, m, cls.n_uniforms or cls.event_width), generator=gen, dtype=torch.float64)
+                out[start:start + m] = env._events(p, u)[0].numpy()
+        attrs = {"true_params": np.asarray([cfg.true_params[k] for k in env.names], dtype=np.float64),
+                 "parameter_names": ",".join(env.names)}
+        return {"events": out}, attrs
+
+    def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        self._events_all = arrays["events"]
+        n = len(self._events_all)
+        n_keep = max(1, int(round(self.cfg.subset_fraction * n)))
+        idx = np.arange(n) if n_keep == n else np.sort(rng.choice(n, size=n_keep, replace=False))
+        self.select_subset(idx)
+
+    def select_subset(self, idx: np.ndarray) -> None:
+        """Keep the reference events `idx` (this rank's share) on the device."""
+        self.subset_idx = np.asarray(idx, dtype=np.int64)
+        self.data = torch.as_tensor(self._events_all[self.subset_idx], device=self.device)
+
+    # -- networks -----------------------------------------------------------------------------------------------
+    @property
+    def noise_dim(self) -> int:
+        return self.cfg.noise_dim or len(self.names)
+
+    def build_generator(self) -> torch.nn.Module:
+        c = self.cfg
+        G = mlp(self.noise_dim, len(self.names), c.hidden, c.layers, out_act=torch.nn.Sigmoid())
+        if c.g_out_scale != 1.0:
+            with torch.no_grad():
+                G[-2].weight.mul_(c.g_out_scale)  # G[-1] is the Sigmoid, G[-2] the output Linear
+        return G.to(self.device)
+
+    def build_discriminator(self) -> torch.nn.Module:
+        return mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers).to(self.device)
+
+    # -- one epoch ----------------------------------------------------------------------------------------------
+    def noise(self, n: int) -> torch.Tensor:
+        z = torch.randn((n, self.noise_dim), generator=self.gen, device=self.device)
+        return z if self.cfg.noise_scale == 1.0 else z * self.cfg.noise_scale
+
+    def to_physical(self, unit: torch.Tensor) -> torch.Tensor:
+        """Generator outputs in [0, 1]^P -> physical parameters inside the bounds."""
+        if unit.ndim != 2 or unit.shape[1] != len(self.names):
+            raise EnvironmentCheckError(f"build_generator: the generator outputs shape {tuple(unit.shape)}, but the "
+                                        f"environment has {len(self.names)} parameters ({', '.join(self.names)}): "
+                                        f"make its last layer {len(self.names)} wide")
+        return unit * (self.pmax - self.pmin) + self.pmin
+
+    def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
+        return self.to_physical(G(self.noise(n)))
+
+    def real_batch(self) -> torch.Tensor:
+        idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)
+        return self.data[idx]
+
+    def synthesize(self, G: torch.nn.Module, real: Any = None) -> torch.Tensor:
+        """Synthetic events (param_samples * events_per_sample, event_width), differentiable w.r.t. G."""
+        c = self.cfg
+        p = self.params(G, c.param_samples).float()
+        u = torch.rand((c.param_samples, c.events_per_sample, self.n_uniforms or self.event_width),
+                       generator=self.gen, device=self.device)
+        return self._events(p, u).reshape(-1, self.event_width)
+
+    def _adv_sum(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.cfg.loss == "bce":
+            return F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+        return F.mse_loss(logits, target, reduction="sum")
+
+    def d_loss(self, D: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+        n = len(real)
+        return self.critic_loss(lambda x, t: self._adv_sum(D(x), t) / n, (torch.cat((real, fake)), self._real_fake), D)
+
+    def g_loss(self, D: torch.nn.Module, real: torch.Tensor, fake: torch.Tensor
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        n = len(fake)
+        return self.critic_loss(lambda x, t: self._adv_sum(D(x), t) / n, (fake, self._ones[:n]), D), {}
+
+    @property
+    def events_per_epoch(self) -> int:
+        return self._n_fake
+
+    # -- quality ------------------------------------------------------------------------------------------------
+    def truth(self) -> list[float]:
+        return [float(self.cfg.true_params[n]) for n in self.names]
+
+    def parameter_names(self) -> list[str]:
+        return list(self.names)
+
+    @torch.no_grad()
+    def predict(self, G: torch.nn.Module, n: int) -> list[float]:
+        """Mean physical prediction over n noise vectors from a fixed-seed stream of its own (logging never moves
+        the training's random stream, and every evaluation sees the same noise)."""
+        gen = torch.Generator(device=self.device).manual_seed(20240601)
+        z = torch.randn((n, self.noise_dim), generator=gen, device=self.device) * self.cfg.noise_scale
+        return self.to_physical(G(z).float()).mean(0).tolist()
+
+    def quality(self, G: torch.nn.Module, n: int) -> dict[str, Any]:
+        return self._residuals(self.predict(G, n))
+
+    def _residuals(self, p_hat: list[float]) -> dict[str, Any]:
+        """r_i = (p_i - p^_i) / p_i (eq. 6) of a mean prediction p^, in the parameters' order."""
+        r = [(t - p) / t for t, p in zip(self.truth(), p_hat)]
+        return {"params": list(p_hat), "residuals": r, "max_abs_residual": max(abs(v) for v in r),
+                "parameter_names": list(self.names)}
+
+    def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+        """Residuals of the prediction averaged over the ranks' generators (eq. 7 over ranks)."""
+        out = self._residuals(np.mean([q["params"] for q in per_rank], axis=0).tolist())
+        out["rank_max_abs_residual"] = [q["max_abs_residual"] for q in per_rank]
+        return out
+
+    def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:
+        return {"max|r|": f"{q['max_abs_residual']:.3f}"}
+
+    def summary_table(self, q: dict[str, Any]) -> str:
+        w = max(9, *(len(n) for n in self.names))
+        rows = [f"  {'parameter':{w}s}  {'true':>10s}  {'predicted':>10s}  residual (p-p^)/p", "  " + "-" * (w + 44)]
+        for n, t, p, r in zip(self.names, self.truth(), q["params"], q["residuals"]):
+            rows.append(f"  {n:{w}s}  {t:+10.5f}  {p:+10.5f}  {r:+10.4f}")
+        rows.append(f"  max |r| = {q['max_abs_residual']:.4f}")
+        return "\n".join(rows)

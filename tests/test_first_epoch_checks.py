@@ -1,0 +1,95 @@
+"""The first-epoch checks (sagips.checks): each mistake of tests/_toy_variants.py fails with one line that names the
+method to fix, the correct environments pass, and the checks leave the training's random numbers untouched."""
+import numpy as np
+import pytest
+import torch
+
+from sagips.checks import FirstEpochCheckError
+from sagips.config import Config, from_dict
+from sagips.trainer import Trainer
+from tests._plugins import TOY_SRC
+
+SMALL = {"reference_events": 2000, "param_samples": 8, "events_per_sample": 10, "hidden": 8, "layers": 1}
+
+
+@pytest.fixture(scope="module")
+def variants():
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(TOY_SRC))
+    import tests._toy_variants as v
+
+    yield v
+    mp.undo()
+
+
+def make_trainer(env_cls, tmp_path, rank=0, share=None, **env_keys):
+    cfg = from_dict(Config, {"train": {"epochs": 2, "log_every": 1, "progress": False, "lr_g": 1e-3, "lr_d": 1e-3,
+                                       "quality_samples": 16, "chunk_rows": 0}})
+    cfg.environment = from_dict(env_cls.Config, {**SMALL, **env_keys}, "environment.")
+    env = env_cls(cfg.environment, "cpu", seed=3)
+    env.attach_data(*env_cls.generate_reference(cfg.environment, 0), np.random.default_rng(0))
+    return Trainer(cfg, env, rank, 1, str(tmp_path), share=share)
+
+
+@pytest.mark.parametrize("name, start, detail", [
+    ("Narrow", "build_generator: the generator outputs shape (2, 2)", "3 parameters (a, b, c)"),
+    ("Narrow1", "build_generator: the generator outputs shape (2, 1)", "make its last layer 3 wide"),
+    ("Detached", "density: the synthetic events do not require grad", "no .detach()"),
+    ("Flat", "synthesize: the synthetic events have shape (80,) but the real events have (80, 1)", "columns"),
+    ("InfSlope", "simulate: 80 of 80 synthetic event values are NaN or infinite", "finite"),
+])
+def test_each_mistake_fails_with_one_line(variants, tmp_path, name, start, detail):
+    tr = make_trainer(getattr(variants, name), tmp_path)
+    with pytest.raises(FirstEpochCheckError) as e:
+        tr.fit(progress=False)
+    msg = str(e.value)
+    assert msg.startswith(start) and detail in msg and "\n" not in msg
+    assert tr.state.epoch == 0  # before any training step
+
+
+def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
+    class NaNAtLargeC(variants.Toy1D):
+        def density(self, p, x):
+            f = super().density(p, x)
+            return torch.where(p[:, 2:3] > 1.0, f * float("nan"), f)
+
+    tr = make_trainer(NaNAtLargeC, tmp_path)  # the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not
+    with pytest.raises(FirstEpochCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
+        tr.fit(progress=False)
+
+
+@pytest.mark.parametrize("name", ["Toy1D", "Slope"])
+def test_correct_environments_pass_and_train(variants, tmp_path, name):
+    tr = make_trainer(getattr(variants, name), tmp_path)
+    tr.fit(progress=False)
+    assert tr.state.epoch == 2 and tr.checked
+    assert len(tr.last_quality["params"]) == len(tr.env.parameters)
+
+
+def test_checks_do_not_move_the_random_streams(variants, tmp_path):
+    runs = []
+    for skip in (False, True):
+        torch.manual_seed(0)  # the same initial weights
+        tr = make_trainer(variants.Toy1D, tmp_path / str(skip))
+        tr.checked = skip  # the second run skips the checks: both must train identically
+        tr.fit(progress=False)
+        runs.append(tr)
+    a, b = runs
+    assert a.checked and torch.equal(a.env.gen.get_state(), b.env.gen.get_state())
+    for (k, wa), wb in zip(a.G.state_dict().items(), b.G.state_dict().values()):
+        assert torch.equal(wa, wb), k
+
+
+def test_the_verdict_is_rank_0s(variants, tmp_path):
+    """A rank other than 0 does not check; it raises what rank 0 found (the broadcast)."""
+    seen = []
+
+    def share(obj):
+        seen.append(obj)
+        return "build_generator: found on rank 0"
+
+    tr = make_trainer(variants.Toy1D, tmp_path, rank=1)
+    tr.share = share  # after the constructor (which shares rank 0's precision through it)
+    with pytest.raises(FirstEpochCheckError, match="^build_generator: found on rank 0$"):
+        tr.fit(progress=False)
+    assert seen == [None]
