@@ -1,0 +1,100 @@
+"""The example third-party package examples/toy1d, registered through a real entry point (tests/_plugins.py, no
+pip): its reference data follow the analytic density; it trains on 1 rank and resumes bit-identically, trains on 4
+ranks in rma-arar-arar, sagips.analyze names its parameters, and a broken variant stops at the first epoch with one
+line on every mode's clean-up path."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+from sagips.io.metrics import read_metrics
+from tests._mpirun import run_mpi, run_py
+from tests._plugins import add_to_sys_path, pythonpath, toy_site, write_dist
+
+TINY = ["-m", "sagips.run", "--config", "toy1d:quick", "--no-progress",
+        "--set", "environment.reference_events=20000", "--set", "environment.param_samples=8",
+        "--set", "environment.events_per_sample=20", "--set", "environment.hidden=16",
+        "--set", "environment.layers=2", "--set", "train.quality_samples=64", "--set", "train.log_every=1",
+        "--set", "train.state_every=2", "--set", "train.checkpoint_every=2", "--set", "train.lr_final=1"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    paths = toy_site(site)
+    write_dist(site, "sagips-toy-variants", {"toy1d_narrow": "tests._toy_variants:Narrow1"})
+    return pythonpath(paths), paths
+
+
+def test_reference_data_follow_the_density(env, tmp_path, monkeypatch):
+    from scipy import integrate, stats
+
+    from sagips.data import main as data_main
+    from sagips.io.refdata import read_reference
+
+    add_to_sys_path(env[1], monkeypatch)
+    out = tmp_path / "toy.h5"
+    assert data_main(["toy1d", "--out", str(out), "--events", "50000", "--set", "true_params.a=2.5"]) == 0
+    arrays, attrs = read_reference(out, {"events": 1})
+    assert list(attrs["true_params"]) == [2.5, -0.4, 0.9] and str(attrs["parameter_names"]) == "a,b,c"
+    f = lambda x: 1 - 0.4 * x + 2.5 * x * x * np.exp(-0.9 * x)  # noqa: E731  (the truth, written independently)
+    z = integrate.quad(f, 0, 1)[0]
+    cdf = np.vectorize(lambda x: integrate.quad(f, 0, min(max(x, 0.0), 1.0))[0] / z)
+    assert stats.kstest(arrays["events"][:, 0], cdf).pvalue > 1e-3
+
+
+def test_one_rank_resumes_bit_identically(env, tmp_path):
+    import shutil
+
+    from sagips.io.state import state_path, write_latest
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    r = run_py(TINY + ["--mode", "ensemble", "--epochs", "4", "--output-dir", str(whole)], env=env[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "max |r|" in r.stdout and all(f"\n  {n} " in r.stdout for n in "abc")  # the summary table, by name
+    # the same run as if it had been stopped after epoch 2: its state of epoch 4 and its outputs after 2 removed
+    shutil.copytree(whole, cut)
+    state_path(cut, 0, 4).unlink()
+    (cut / "checkpoints" / "rank0000" / "epoch0000004.pt").unlink()
+    write_latest(cut, 2, 1)
+    r = run_py(["-m", "sagips.run", "--resume", "--no-progress", "--output-dir", str(cut)], env=env[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = load_checkpoint(list_checkpoints(whole)[0][4])["generator"]
+    b = load_checkpoint(list_checkpoints(cut)[0][4])["generator"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["epoch"] for m in read_metrics(cut / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert json.loads((cut / "run.json").read_text())["resumes"][0]["epoch"] == 2
+
+
+def test_four_ranks_rma_and_analyze(env, tmp_path, monkeypatch):
+    out = tmp_path / "rma"
+    r = run_mpi(4, TINY + ["--epochs", "3", "--set", "comm.inner_size=2", "--output-dir", str(out)], env=env[0],
+                timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "complete" and info["mode"] == "rma-arar-arar" and info["world_size"] == 4
+    assert info["parameter_names"] == ["a", "b", "c"] and info["truth"] == [1.7, -0.4, 0.9]
+    assert info["final_quality"]["parameter_names"] == ["a", "b", "c"]
+    m = read_metrics(out / "metrics.jsonl")
+    assert [x["epoch"] for x in m] == [1, 2, 3] and all(len(x["residuals"]) == 3 for x in m)
+
+    from sagips.analyze import main as analyze_main
+
+    add_to_sys_path(env[1], monkeypatch)
+    assert analyze_main([str(out), "--out", str(tmp_path / "report"), "--noise-samples", "32",
+                         "--resamples", "5"]) == 0
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert all(f"| r̂ ({n}) | {t:g} |" in md for n, t in zip("abc", (1.7, -0.4, 0.9)))
+    rows = (tmp_path / "report" / "summary.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == ["a", "b", "c"]
+
+
+def test_a_broken_generator_stops_every_rank_with_one_line(env, tmp_path):
+    r = run_mpi(2, TINY + ["--set", "environment.name=toy1d_narrow", "--set", "comm.inner_size=2",
+                           "--output-dir", str(tmp_path / "bad")], env=env[0], timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["sagips: error: build_generator: the generator outputs shape (2, 1) for 2 noise vectors, but "
+                      "the environment has 3 parameters (a, b, c): make its last layer 3 wide"]
