@@ -35,8 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog="Outputs in --output-dir: run.json (resolved config, layout, versions, timings), metrics.jsonl "
                "(losses and quality every train.log_every epochs), checkpoints/rank{R:04d}/epoch{E:07d}.pt "
                "(generator weights with time stamps). Exit status 2 means bad input (nothing was trained).")
-    p.add_argument("--config", metavar="FILE", help="preset YAML (e.g. configs/proxy1d-quick.yaml); it only "
-                   "overrides the defaults, which are the paper's proxy 1D settings")
+    p.add_argument("--config", metavar="FILE", help="preset YAML (e.g. configs/proxy1d-quick.yaml), or ENV:NAME, a "
+                   "preset that environment ENV ships (e.g. toy1d:quick); it only overrides the defaults, which are "
+                   "the paper's proxy 1D settings (or the chosen environment's own defaults)")
     p.add_argument("--mode", choices=MODES, help="gradient exchange: ensemble (none), allreduce (synchronous "
                    "MPI_Allreduce), arar (one ring over all ranks), arar-arar (ring per node + leaders' ring every "
                    "comm.outer_every epochs), rma-arar-arar (the inner ring through MPI one-sided windows)")
