@@ -133,6 +133,21 @@ def saved_config(output_dir: str | None) -> dict:
     raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
 
 
+def on_root(comm, fn, *args):
+    """fn(*args) on rank 0 of `comm`, its result shared with every rank; a ConfigError there is raised on every rank
+    (the same one-line message, printed once by rank 0)."""
+    out = None
+    if comm.rank == 0:
+        try:
+            out = ("ok", fn(*args))
+        except ConfigError as e:
+            out = ("error", str(e))
+    kind, value = comm.bcast(out, root=0)
+    if kind == "error":
+        raise ConfigError(value)
+    return value
+
+
 def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     """The previous run.json, after checking that this run can continue it."""
     try:
@@ -223,7 +238,7 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         flags["train.progress"] = False
     if args.profile:
         flags["train.profile"] = True
-    base = saved_config(args.output_dir) if (args.resume and not args.config) else None
+    base = on_root(world, saved_config, args.output_dir) if (args.resume and not args.config) else None
     cfg = load(args.config, args.set, flags, base=base)  # every rank validates the same input: same error everywhere
 
     # ---- ensemble members: independent runs in sub-communicators of the world
@@ -241,8 +256,18 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         bad = [r for r in getattr(cfg.pipeline, key) if not 0 <= r < comm.size]
         if bad:
             raise ConfigError(f"pipeline.{key}: rank {bad[0]} does not exist in a run of {comm.size} ranks")
-    check_output_dir(out_dir, args.resume, args.overwrite)
-    prev_run = check_resumable(out_dir, cfg, comm.size) if args.resume else None
+    # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work per
+    # rank must not grow with the ranks (400 ranks reading the same files on Lustre)
+    on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
+    prev_run = on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
+    resume_from = None
+    if prev_run is not None:
+        from sagips.io.state import agree_resume_epoch
+
+        resume_from = agree_resume_epoch(comm, out_dir)  # (the newest epoch every rank holds, this rank's own)
+        if resume_from[0] is None:
+            raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
+                              f"incomplete); start it again with --overwrite")
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
     if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
         # a resumed run keeps the precision that its start resolved (a new probe could time it the other way)
@@ -250,12 +275,16 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
-    if prev_run is not None and comm.rank == 0:
+    if prev_run is not None:
         from sagips.io.atomic import remove_stale_temps
 
-        stale = remove_stale_temps(out_dir)  # half-written files of the killed run (the targets are intact)
+        # half-written files of the killed run (the targets are intact): each rank in its own directories only
+        own = [os.path.join(out_dir, d, f"rank{comm.rank:04d}") for d in ("state", "checkpoints")]
+        if comm.rank == 0:
+            own += [out_dir, os.path.join(out_dir, "state"), os.path.join(out_dir, "checkpoints")]
+        stale = comm.reduce(sum(len(remove_stale_temps(d, recursive=False)) for d in own), root=0)
         if stale:
-            print(f"sagips: --resume removed {len(stale)} temporary file(s) left by an interrupted write",
+            print(f"sagips: --resume removed {stale} temporary file(s) left by an interrupted write",
                   file=sys.stderr, flush=True)
     world.Barrier()
     phase("config")
@@ -366,9 +395,12 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         "precision": trainer.precision,
     }
     if prev_run is not None:
-        from sagips.io.state import load_state, resume_epoch
+        from sagips.io.state import RankStates, load_state, state_path
 
-        epoch0 = comm.bcast(resume_epoch(out_dir, comm.size) if is_root else None, root=0)
+        epoch0, mine = resume_from
+        for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
+            os.unlink(state_path(out_dir, comm.rank, stale))
+        trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)
         trainer.load_state_dict(load_state(out_dir, comm.rank, epoch0))
         if is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
@@ -376,8 +408,10 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         run_info["resumes"] = prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
     if members > 1:
         trainer.progress_desc = f"{cfg.mode} member {member}"
-    marker = StateMarker(comm, out_dir)
-    trainer.on_state_saved = marker.saved
+    if is_root:  # state/latest.json: the newest epoch that every rank's state holds (from the ranks' reduction)
+        from sagips.io.state import write_latest
+
+        trainer.on_state_complete = lambda e: write_latest(out_dir, e, comm.size)
     agreement = None
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
@@ -430,7 +464,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
             abort_job(world)  # does not return
         raise
     if agreement is not None:  # every rank posted the same reductions: complete them before anything is freed
-        agreement.finish(state.epoch)
+        agreement.finish(state.epoch, trainer.states.newest)
+        trainer.state_complete(agreement.complete)  # the final (or agreed stop) state is in the marker
         if agreement.signalled_at is not None:
             print(f"sagips: rank {comm.rank}: stop requested by a signal at the end of epoch {agreement.signalled_at}; "
                   f"every rank stops after epoch {agreement.target}", file=sys.stderr, flush=True)
@@ -485,60 +520,6 @@ def truncate_metrics(path: str, epoch: int) -> None:
             except (json.JSONDecodeError, KeyError):
                 break  # a torn last line
     write_text(path, "".join(keep))
-
-
-class StateMarker:
-    """Writes state/latest.json once every rank has reported its state for an epoch, without synchronising ranks.
-
-    Non-root ranks send a small nonblocking message after each state save; rank 0 drains them whenever it saves,
-    and writes the marker for the newest epoch that all ranks have reported. A rank-0 state that is ahead of the
-    others therefore gets its marker at rank 0's next save, or at the end of the run.
-    """
-
-    TAG = 7301
-
-    def __init__(self, comm, out_dir: str):
-        self.comm, self.out_dir = comm, out_dir
-        self.reports: dict[int, set[int]] = {}
-        self.pending = []
-        self.latest = 0  #: newest epoch written to the marker
-
-    def saved(self, epoch: int) -> None:
-        if self.comm.rank != 0:
-            self.pending = [r for r in self.pending if not r.Test()]
-            self.pending.append(self.comm.isend(epoch, dest=0, tag=self.TAG))
-            return
-        self.reports.setdefault(epoch, set()).add(0)
-        self._drain(block=False)
-
-    def _drain(self, block: bool, until_epoch: int | None = None) -> None:
-        from mpi4py import MPI
-
-        from sagips.io.state import write_latest
-
-        status = MPI.Status()
-        while True:
-            while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=self.TAG, status=status):
-                epoch = self.comm.recv(source=status.Get_source(), tag=self.TAG)
-                self.reports.setdefault(epoch, set()).add(status.Get_source())
-            done = [e for e, ranks in self.reports.items() if len(ranks) == self.comm.size]
-            if done:
-                self.latest = max(done)
-                write_latest(self.out_dir, self.latest, self.comm.size)
-                for e in [e for e in self.reports if e <= self.latest]:
-                    del self.reports[e]
-            if not block or until_epoch is None or self.latest >= until_epoch:
-                return
-            time.sleep(1e-3)
-
-    def finish(self, final_epoch: int) -> None:
-        """At the end of the run: every rank saved its final state; rank 0 waits for all reports."""
-        from mpi4py import MPI
-
-        if self.comm.rank == 0:
-            self._drain(block=True, until_epoch=final_epoch)
-        else:
-            MPI.Request.Waitall(self.pending)
 
 
 def broadcast_module(comm, module) -> None:

@@ -22,6 +22,7 @@ from sagips.config import Config
 from sagips.environment import Environment
 from sagips.io.checkpoint import save_checkpoint
 from sagips.io.metrics import MetricsWriter
+from sagips.io.state import RankStates
 from sagips.profiling import CRITIC, DATA, EPOCH, EXCHANGE, GENERATOR, LOG, Ranges
 
 Exchange = Callable[[np.ndarray, int], dict]
@@ -141,7 +142,9 @@ class Trainer:
         self.progress_desc = ""  #: progress bar label (e.g. the ensemble member)
         self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
-        self.on_state_saved: Callable[[int], None] | None = None  #: e.g. rank 0 writes the `latest` marker
+        self.states = RankStates(out_dir, rank)  #: this rank's training states (--resume replaces it)
+        #: called with each newer epoch whose state every rank holds (rank 0 writes the `latest` marker)
+        self.on_state_complete: Callable[[int], None] | None = None
         #: agrees the stop between ranks (sagips.comm.stop.StopAgreement); None: this rank stops on its own request
         self.stop_agreement = None
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
@@ -231,11 +234,14 @@ class Trainer:
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
 
     def save_state(self) -> None:
-        from sagips.io.state import save_state
+        self.states.save(self.state.epoch, self.state_dict())
+        if self.stop_agreement is None:  # a single rank: its own state is complete at once
+            self.state_complete(self.state.epoch)
 
-        save_state(self.out_dir, self.rank, self.state.epoch, self.state_dict(), keep=2)
-        if self.on_state_saved is not None:
-            self.on_state_saved(self.state.epoch)
+    def state_complete(self, epoch: int) -> None:
+        """Every rank holds the state of `epoch`: old states may go, and on_state_complete (rank 0: the marker)."""
+        if self.states.set_complete(epoch) and self.on_state_complete is not None:
+            self.on_state_complete(epoch)
 
     # ------------------------------------------------------------------------------------------------ one epoch
     def _autocast(self):
@@ -352,7 +358,8 @@ class Trainer:
                             self._log(epoch, out, bar)
                     stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
                     if self.stop_agreement is not None:  # every rank stops at the same, agreed epoch
-                        target = self.stop_agreement.after_epoch(epoch, stop)
+                        target = self.stop_agreement.after_epoch(epoch, stop, self.states.newest)
+                        self.state_complete(self.stop_agreement.complete)
                         stop = target is not None and epoch >= target
                     if epoch % t.state_every == 0 or epoch == t.epochs or stop:
                         self.save_state()

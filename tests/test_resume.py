@@ -115,18 +115,20 @@ def test_resume_refuses_mismatches(tmp_path):
 
 
 def test_state_retention_keeps_every_epoch_a_marker_can_name(tmp_path):
-    """A fast rank must not delete the epoch that becomes the first marker while a slow rank is still writing it:
-    before any marker, nothing is deleted; after it, only states older than the marker beyond the newest two."""
-    from sagips.io.state import resume_epoch, save_state, state_epochs, write_latest
+    """A fast rank must not delete the epoch that becomes complete (held by every rank) while a slow rank is still
+    writing it: before any complete epoch is known, nothing is deleted; after it, only states older than it beyond
+    the newest two. The rank decides from what it wrote and what it was told, never from a listing."""
+    from sagips.io.state import RankStates, state_epochs
 
+    fast, slow = RankStates(tmp_path, 0), RankStates(tmp_path, 1)
     for e in (2, 4, 6, 8):  # rank 0 runs ahead (rma-arar-arar); rank 1 has written only epoch 2
-        save_state(tmp_path, 0, e, {"epoch": e}, keep=2)
-    save_state(tmp_path, 1, 2, {"epoch": 2}, keep=2)
+        fast.save(e, {"epoch": e})
+    slow.save(2, {"epoch": 2})
     assert state_epochs(tmp_path, 0) == [2, 4, 6, 8]
-    write_latest(tmp_path, 2, 2)  # every rank has reported epoch 2
-    assert resume_epoch(tmp_path, 2) == 2
-    save_state(tmp_path, 0, 10, {"epoch": 10}, keep=2)
-    assert state_epochs(tmp_path, 0) == [2, 4, 6, 8, 10]  # nothing older than the marker beyond the newest 2
-    write_latest(tmp_path, 8, 2)
-    save_state(tmp_path, 0, 12, {"epoch": 12}, keep=2)
-    assert state_epochs(tmp_path, 0) == [8, 10, 12]
+    assert fast.set_complete(2)  # every rank holds epoch 2 (the ranks' reduction says so)
+    assert not fast.set_complete(2) and not fast.set_complete(0)  # old news
+    fast.save(10, {"epoch": 10})
+    assert state_epochs(tmp_path, 0) == fast.epochs == [2, 4, 6, 8, 10]  # nothing older than 2 beyond the newest 2
+    fast.set_complete(8)
+    fast.save(12, {"epoch": 12})
+    assert state_epochs(tmp_path, 0) == fast.epochs == [8, 10, 12]

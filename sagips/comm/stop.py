@@ -19,6 +19,10 @@ while nobody asked to stop (rma-arar-arar keeps its tolerance of stragglers):
    mode, and rma-arar-arar without stragglers) T is the signalled rank's epoch + 1 or + 2.
 A rank that ends its last epoch before it learns of a stop joins step 2 in `finish` with the last epoch: the run then
 simply completes.
+
+The same reduction carries each rank's newest saved training state (as MAX of its negative): its result is the newest
+epoch that every rank holds (`complete`), from which rank 0 writes state/latest.json and every rank knows which of
+its old states it may delete (sagips.io.state.RankStates), with no file read.
 """
 from __future__ import annotations
 
@@ -43,16 +47,17 @@ class StopAgreement:
         self.flagged_at: int | None = None  #: the first epoch whose reduction carried a stop flag
         self.target: int | None = None  #: the agreed last epoch (step 2's result)
         self.signalled_at: int | None = None  #: the epoch at whose end this rank first saw its own stop request
+        self.complete = 0  #: the newest epoch whose training state every rank had saved (0: none yet)
         self._others = [r for r in range(self.comm.Get_size()) if r != self.comm.Get_rank()]
 
-    def after_epoch(self, epoch: int, requested: bool) -> int | None:
-        """Call at the end of every epoch with this rank's stop request. Returns the agreed last epoch (>= epoch)
-        once it is known, else None. Every rank posts one reduction per epoch that it runs, also after the
+    def after_epoch(self, epoch: int, requested: bool, saved: int = 0) -> int | None:
+        """Call at the end of every epoch with this rank's stop request and the epoch of its newest saved state.
+        Returns the agreed last epoch (>= epoch) once it is known, else None. Every rank posts one reduction per epoch that it runs, also after the
         agreement (all ranks then run the same epochs, so that they post the same sequence)."""
         if requested and self.signalled_at is None:
             self.signalled_at = epoch
-        flag = np.array([1 if requested else 0], dtype=np.int32)
-        res = np.zeros(1, dtype=np.int32)
+        flag = np.array([1 if requested else 0, -saved], dtype=np.int64)
+        res = np.zeros(2, dtype=np.int64)
         # both buffers live in the queue until the request completes (MPI reads and writes them asynchronously)
         self.pending.append((epoch, self.comm.Iallreduce(flag, res, op=MPI.MAX), res, flag))
         while self.pending and self.flagged_at is None:
@@ -62,6 +67,7 @@ class StopAgreement:
             elif not req.Test():
                 break
             self.pending.popleft()
+            self.complete = max(self.complete, int(-res[1]))
             if res[0]:
                 self.flagged_at = e
         if self.flagged_at is not None and self.target is None:
@@ -75,13 +81,21 @@ class StopAgreement:
                           self.agree_comm, epoch, self._others)
         return int(last[0])
 
-    def finish(self, epoch: int) -> None:
+    def finish(self, epoch: int, saved: int = 0) -> None:
         """At the end of the run (the last epoch, or the agreed stop): complete every request (all ranks posted the
-        same ones), join step 2 if a stop was flagged that this rank had not yet seen, and free the communicator."""
+        same ones), join step 2 if a stop was flagged that this rank had not yet seen, reduce the final saved states
+        into `complete`, and free the communicators."""
         reqs = [req for _, req, _, _ in self.pending]
         watchdog.wait_all(reqs, self.timeout_s, "stop agreement", self.comm, epoch, self._others)
+        for _, _, res, _ in self.pending:
+            self.complete = max(self.complete, int(-res[1]))
         if self.target is None and any(res[0] for _, _, res, _ in self.pending):
             self.target = self._agree(epoch)
         self.pending.clear()
+        last = np.array([0, -saved], dtype=np.int64)
+        res = np.zeros(2, dtype=np.int64)
+        watchdog.wait_all([self.comm.Iallreduce(last, res, op=MPI.MAX)], self.timeout_s, "stop agreement", self.comm,
+                          epoch, self._others)
+        self.complete = max(self.complete, int(-res[1]))
         self.comm.Free()
         self.agree_comm.Free()

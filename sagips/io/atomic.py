@@ -50,13 +50,15 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         fh.write(text)
 
 
-def remove_stale_temps(root: str | os.PathLike) -> list[str]:
-    """Delete the temporary files that a kill mid-write left under `root` (`.NAME.XXXXXXXX.tmp`).
+def remove_stale_temps(root: str | os.PathLike, recursive: bool = True) -> list[str]:
+    """Delete the temporary files that a kill mid-write left under `root` (`.NAME.XXXXXXXX.tmp`); only in `root`
+    itself with recursive=False.
 
     Call it only when no process writes into `root` (e.g. on --resume, before training starts).
     """
     removed = []
-    for directory, _, files in os.walk(root):
+    walk = os.walk(root) if recursive else [(root, None, [e.name for e in _entries(root) if e.is_file()])]
+    for directory, _, files in walk:
         for f in files:
             if f.startswith(".") and f.endswith(".tmp"):
                 path = os.path.join(directory, f)
@@ -64,3 +66,11 @@ def remove_stale_temps(root: str | os.PathLike) -> list[str]:
                     os.unlink(path)
                     removed.append(path)
     return removed
+
+
+def _entries(directory) -> list[os.DirEntry]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except FileNotFoundError:
+        return []
