@@ -23,7 +23,8 @@ def main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.time()
     failed = []
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "--timeout=600", "tests", "--ignore=tests/mpi"],
+    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "--timeout=600", "--durations=15", "tests",
+                          "--ignore=tests/mpi"],
                          cwd=ROOT, env=env)
     if rc != 0:
         failed.append("single-process tests")
