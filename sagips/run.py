@@ -164,11 +164,6 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     if prev.get("mode") != cfg.mode:
         raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; "
                           f"pass --mode {prev.get('mode')}")
-    from sagips.io.state import resume_epoch
-
-    if resume_epoch(out_dir, world_size) is None:
-        raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
-                          f"incomplete); start it again with --overwrite")
     return prev
 
 
@@ -477,7 +472,6 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    marker.finish(state.epoch)  # state/latest.json names the last epoch that every rank saved
     if stopped is not None:
         print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
