@@ -55,6 +55,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sagips.config import MODES  # noqa: E402
 from sagips.sim import Link, Profile, project, simulate  # noqa: E402
 
 DOCS = REPO / "docs" / "benchmarks"
@@ -69,7 +70,6 @@ N_WEIGHTS = 50_688          # exchanged floats: the generator's weight gradients
 SIZES = (16, 12_672, N_WEIGHTS)
 MPI_NS = (2, 4)
 BATCH = 10                  # calls timed back to back per rep
-MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
 LOCAL_MPI_LATENCY_S = 1e-6  # assumed MPICH shared-memory latency; the rest of a measured hop is Python + mpi4py
 
 # The tiny validation runs (the quick preset, shrunk): same settings for the epoch timing and every run.

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
+from sagips.config import MODES  # the one definition of the mode names
 RINGS = ("whole", "chunked")
 
 

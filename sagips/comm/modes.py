@@ -25,12 +25,12 @@ from typing import Protocol
 
 import numpy as np
 
+from sagips.config import MODES  # the one definition of the mode names
+
 from . import watchdog
 from .ring import RING_TAG, Ring
 from .rma import RmaExchange
 from .topology import Topology
-
-MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
 
 
 class Exchange(Protocol):
