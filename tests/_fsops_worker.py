@@ -45,7 +45,7 @@ from sagips.run import main  # noqa: E402
 
 rank = MPI.COMM_WORLD.rank
 result = {}
-for phase, extra in (("fresh", ["--epochs", "6", "--overwrite"]), ("resume", ["--epochs", "10", "--resume"])):
+for phase, extra in (("fresh", ["--epochs", "4", "--overwrite"]), ("resume", ["--epochs", "6", "--resume"])):
     counts.update(listings=0, opens=0)
     rc = main([*args, "--output-dir", out, *extra])
     result[phase] = dict(counts, rc=rc)
