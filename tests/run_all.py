@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests._mpirun import ROOT, child_env, mpiexec
 
-MPI_SIZES = [int(n) for n in os.environ.get("SAGIPS_TEST_MPI_SIZES", "1 2 3 4 8").split()]
+MPI_SIZES = [int(n) for n in os.environ.get("SAGIPS_TEST_MPI_SIZES", "1 2 3 4").split()]
 MPI_TIMEOUT = 300
 
 
