@@ -1,7 +1,7 @@
 """File-system work per rank does not grow with the ranks (issue 21, defect 4): at 400 ranks on Lustre, a rank that
 lists every rank's state directory on --resume (N^2 listings in all), or reads the marker and lists its directory at
 every save, loads the metadata servers for nothing. Counted with wrapped `open`/`os.open`/`os.listdir`/`os.scandir`
-(tests/_fsops_worker.py) at N = 4 and N = 8: a fresh run with a state every 2 epochs, then --resume of it."""
+(tests/_fsops_worker.py) at N = 2 and N = 4 (one and two groups of 2): a fresh run with a state every 2 epochs, then --resume of it."""
 import json
 import sys
 
@@ -32,7 +32,7 @@ def counts(tmp_path, n: int) -> list[dict]:
 
 @pytest.mark.timeout(600)
 def test_file_operations_per_rank_do_not_grow_with_the_ranks(tmp_path):
-    small, large = counts(tmp_path, 4), counts(tmp_path, 8)
+    small, large = counts(tmp_path, 2), counts(tmp_path, 4)
     for phase in ("fresh", "resume"):
         for kind in ("listings", "opens"):
             per_rank = lambda runs: max(g[phase][kind] for g in runs)  # noqa: E731
@@ -42,4 +42,4 @@ def test_file_operations_per_rank_do_not_grow_with_the_ranks(tmp_path):
     # and on --resume listed (only) its own state directory and read its own state
     assert all(g["fresh"]["opens"] >= 3 and g["resume"]["listings"] >= 1 for g in small + large)
     # its own state directory (+ its own temporaries' directories; rank 0 also the run's top-level ones)
-    assert [g["resume"]["listings"] for g in large] == [6] + [3] * 7, [g["resume"]["listings"] for g in large]
+    assert [g["resume"]["listings"] for g in large] == [6] + [3] * 3, [g["resume"]["listings"] for g in large]

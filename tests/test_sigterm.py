@@ -61,13 +61,14 @@ def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, ta
     assert sorted(stopped) == [0, 1], f"exit {rc}: {log[-2000:]}"
     assert rc == 143, f"exit {rc}: {log[-2000:]}"
     assert all(2 <= e < EPOCHS for e in stopped.values()), stopped
-    # each rank saved the state of the epoch it stopped at, and ranks stop at most one epoch apart
+    # the ranks agreed (sagips/comm/stop.py): each saved the state of the same epoch, and --resume starts there
+    assert len(set(stopped.values())) == 1, stopped
     for rank, epoch in stopped.items():
         assert epoch in state_epochs(out, rank), (rank, epoch, state_epochs(out, rank))
-    assert max(stopped.values()) - min(stopped.values()) <= 1, stopped
-    start = resume_epoch(out, 2)
-    assert start is not None and start >= min(stopped.values()) - 1
+    assert resume_epoch(out, 2) == stopped[0]
     assert rank_pids(str(out)) == {}, "ranks survived the stop"
+    if target == "mpiexec":  # the resume from here is the same as after the ranks' own SIGTERM (the other route)
+        return
 
     r = run_mpi(2, ["-m", "sagips.run", "--resume", "--output-dir", str(out), "--no-progress"], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -84,13 +85,17 @@ def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, ta
                                     ("rma-arar-arar", 4)])
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_epoch(tmp_path, mode, n):
     """PBS's SIGTERM seen by one rank only (the worst case): the ranks agree (sagips/comm/stop.py), every rank saves
-    the same epoch, within 2 epochs of the signal, and the job exits 143 at once (no watchdog, no survivors)."""
+    the same epoch, within 2 epochs of the furthest rank at the signal, and the job exits 143 at once (no watchdog, no
+    survivors)."""
     out = tmp_path / "cut"
     slow = ["--set", "pipeline.delay_s=0.2", "--set", f"pipeline.delay_ranks={list(range(n))}"]
     args = [*ARGS, "--mode", mode, "--output-dir", str(out), *slow, "--set", "comm.inner_size=2",
             "--set", "comm.timeout_s=60", "--epochs", "30"]
-    with job_with_state(n, args, out) as p:
-        os.kill(rank_pids(str(out))[1], signal.SIGTERM)
+    with job_with_state(n, args + ["--set", "train.state_every=1"], out) as p:
+        pids = rank_pids(str(out))
+        # each rank's epoch when the signal lands: its newest state, or the epoch after it (then in progress)
+        reached = max(max(state_epochs(out, r), default=0) for r in range(n)) + 1
+        os.kill(pids[1], signal.SIGTERM)
         so, se = p.communicate(timeout=60)
     log = so + se
     assert p.returncode == 143, f"exit {p.returncode}: {log[-2000:]}"
@@ -100,7 +105,11 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_epoch(tmp_path, mode, 
     signalled, target = int(seen.group(1)), int(seen.group(2))
     stopped = {int(r): int(e) for r, e in re.findall(r"rank (\d+): stopped by a signal after epoch (\d+)", log)}
     assert stopped == {r: target for r in range(n)}, (stopped, log[-2000:])
-    assert signalled <= target <= signalled + 2, (signalled, target)
+    # the agreed epoch is at most 2 epochs past the furthest rank at the signal; ranks drift apart where nothing
+    # synchronises them (ensemble; rma-arar-arar's inner ring), and a rank ahead cannot go back
+    assert signalled <= target <= reached + 2, (signalled, reached, target)
+    if mode in ("allreduce", "arar", "arar-arar"):  # ranks in step: at most 2 epochs past the signalled rank
+        assert target <= signalled + 2, (signalled, target)
     for rank in range(n):
         assert target in state_epochs(out, rank), (rank, target, state_epochs(out, rank))
     assert (read_latest(out) or {}).get("epoch") == target  # the marker names the agreed epoch
