@@ -13,7 +13,10 @@ from sagips_environments.optigan.env import BootstrapBatches, resolve_loader
 TINY = ["environment.name=optigan", "environment.photons_per_point=60", "environment.grid_side=2",
         "environment.grid_depths=2", "environment.heldout_points=2", "environment.heldout_photons=200",
         "environment.quality_photons=100", "environment.quality_points=1", "environment.batch_size=64",
-        "train.lr_g=1e-3", "train.lr_d=1e-3", "train.beta2=0.9", "train.progress=false", "train.threads=1"]
+        "train.lr_g=1e-3", "train.lr_d=1e-3", "train.beta2=0.9", "train.progress=false", "train.threads=1",
+        # forked workers start in ms; the default (forkserver, whose workers import torch: seconds) and the batches'
+        # independence of the start method are checked by test_dataloader_workers_are_not_forks_of_the_rank
+        "environment.loader_start=fork"]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +68,44 @@ def test_dataloader_batches_do_not_depend_on_the_workers(reference):
     ds = BootstrapBatches(torch.arange(1000.0).reshape(-1, 1), 16, seed=3)
     assert torch.equal(ds[7], ds[7]) and not torch.equal(ds[7], ds[8])
     assert not torch.equal(ds[7], BootstrapBatches(ds.rows, 16, seed=4)[7])
+
+
+class _Parent(torch.utils.data.Dataset):
+    """Item i: (the pid of the worker's parent, whether this process has MPI loaded)."""
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        import os
+        import sys
+
+        return torch.tensor([os.getppid(), int("mpi4py.MPI" in sys.modules)])
+
+
+def test_dataloader_workers_are_not_forks_of_the_rank(reference):
+    """issue 21, item 8: the rank has called MPI_Init, so its DataLoader workers start from a clean forkserver (the
+    default) or spawn, not as forks of it; the batches are the same whatever the start method."""
+    import os
+
+    from mpi4py import MPI  # noqa: F401  (as in a rank: MPI initialised before the loader starts)
+
+    assert load(None, ["environment.name=optigan"]).environment.loader_start == "forkserver"  # the default
+    _, env = make_env(reference, ["environment.loader=dataloader", "environment.loader_workers=1",
+                                  "environment.loader_start=forkserver"])
+    assert env._dataloader().multiprocessing_context.get_start_method() == "forkserver"
+    for start in ("forkserver", "fork"):
+        loader = torch.utils.data.DataLoader(_Parent(), batch_size=None, num_workers=1,
+                                             multiprocessing_context=start)
+        ppid, has_mpi = next(iter(loader)).tolist()
+        assert (ppid == os.getpid()) == (start == "fork"), start  # the check can fail: a fork's parent is the rank
+        assert bool(has_mpi) == (start == "fork"), start
+    got = {}
+    for start in ("forkserver", "fork"):
+        _, env = make_env(reference, ["environment.loader=dataloader", "environment.loader_workers=1",
+                                      f"environment.loader_start={start}"])
+        got[start] = [env.real_batch() for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(got["forkserver"], got["fork"]))
 
 
 def _train(trainer, epochs):

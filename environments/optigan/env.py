@@ -105,6 +105,11 @@ class OptiGANConfig:
     loader_workers: int = opt(4, "loader=dataloader: worker processes (the paper used 4); 0 = batches are made in "
                               "the training process", min=0)
     prefetch_factor: int = opt(2, "loader=dataloader: batches each worker prepares ahead (with workers > 0)", min=1)
+    loader_start: str = opt("forkserver", "loader=dataloader: how worker processes start. 'forkserver' (a clean "
+                            "server process, started before any worker, forks them: nothing of the rank's MPI, CUDA "
+                            "or threads is copied), 'spawn' (fresh interpreters), or 'fork' (copies of the rank "
+                            "after MPI_Init: fastest to start, unsafe with some MPI libraries and with CUDA)",
+                            choices=("forkserver", "spawn", "fork"))
     data_on_device: bool | None = opt(None, "deprecated (use loader): true = loader 'device', false = 'host'")
 
     def validate(self) -> None:
@@ -273,6 +278,8 @@ class OptiGAN(Environment):
             BootstrapBatches(self.data, c.batch_size, self._seed), batch_size=None,
             sampler=CountFrom(self._batches), num_workers=workers, pin_memory=self.device.type == "cuda",
             prefetch_factor=c.prefetch_factor if workers else None, persistent_workers=workers > 0,
+            # the rank called MPI_Init (and may hold a CUDA context): its workers must not be forks of it
+            multiprocessing_context=c.loader_start if workers else None,
             # its own generator: creating the iterator must not consume the global torch stream (resume)
             generator=torch.Generator().manual_seed(0))
 
