@@ -51,6 +51,9 @@ class TrainConfig:
     lr_d: float = opt(1e-4, "discriminator learning rate (Adam)", gt=0.0)
     lr_final: float = opt(1.0, "learning rates decay exponentially to this fraction of their start value at the "
                           "last epoch (1 = constant, as in the paper)", gt=0.0, max=1.0)
+    lr_d_final: float | None = opt(None, "the discriminator's own lr_final (null: lr_final). Above lr_final, the "
+                                   "critic keeps learning late in the run while the generator's steps shrink (a "
+                                   "two-time-scale schedule, at no cost per epoch)", gt=0.0, max=1.0)
     beta1: float = opt(0.5, "Adam beta1 for both networks", min=0.0, max=0.999999)
     beta2: float = opt(0.999, "Adam beta2 for both networks", min=0.0, max=0.999999)
     log_every: int = opt(100, "epochs between metrics.jsonl records (losses + quality)", min=1)

@@ -342,7 +342,7 @@ class Trainer:
             while st.epoch < t.epochs:
                 epoch = st.epoch + 1
                 with self.ranges(EPOCH):
-                    if t.lr_final != 1.0:
+                    if t.lr_final != 1.0 or t.lr_d_final not in (None, 1.0):
                         self._set_lr(epoch)
                     t0 = time.perf_counter()
                     out = self.step(epoch)
@@ -375,12 +375,14 @@ class Trainer:
         return st
 
     def _set_lr(self, epoch: int) -> None:
-        """lr(e) = lr0 * lr_final ** ((e - 1) / (epochs - 1)): a pure function of the epoch (resumable)."""
+        """lr(e) = lr0 * final ** ((e - 1) / (epochs - 1)), final = lr_final (lr_d_final for the discriminator, where
+        set): a pure function of the epoch (resumable)."""
         t = self.cfg.train
-        f = t.lr_final ** ((epoch - 1) / max(1, t.epochs - 1))
-        for opt, lr0 in ((self.opt_g, t.lr_g), (self.opt_d, t.lr_d)):
+        x = (epoch - 1) / max(1, t.epochs - 1)
+        d_final = t.lr_final if t.lr_d_final is None else t.lr_d_final
+        for opt, lr0, final in ((self.opt_g, t.lr_g, t.lr_final), (self.opt_d, t.lr_d, d_final)):
             for group in opt.param_groups:
-                group["lr"] = lr0 * f
+                group["lr"] = lr0 * final ** x
 
     def _log(self, epoch: int, out: dict[str, Any], bar) -> None:
         if not self.computes_quality:

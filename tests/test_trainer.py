@@ -217,3 +217,19 @@ def test_a_rank_whose_quality_nobody_uses_computes_none(tmp_path):
     tr.is_root = False  # a rank that computes its quality for a gather, but does not write the log
     tr._log(1, {}, None)
     assert calls == [1]
+
+
+@pytest.mark.parametrize("d_final", [None, 0.5])
+def test_learning_rates_follow_their_own_decays(tmp_path, d_final):
+    """lr(e) = lr0 * final ** ((e - 1) / (epochs - 1)); the critic's final fraction is lr_d_final where set."""
+    sets = ["train.epochs=5", "train.lr_g=2e-3", "train.lr_d=1e-3", "train.lr_final=0.1"]
+    if d_final is not None:
+        sets.append(f"train.lr_d_final={d_final}")
+    tr = make_trainer(tmp_path, sets)
+    seen = []
+    step = tr.step
+    tr.step = lambda e: (seen.append((tr.opt_g.param_groups[0]["lr"], tr.opt_d.param_groups[0]["lr"])), step(e))[1]
+    tr.fit()
+    fd = 0.1 if d_final is None else d_final
+    want = [(2e-3 * 0.1 ** (k / 4), 1e-3 * fd ** (k / 4)) for k in range(5)]
+    assert np.allclose(seen, want, rtol=1e-12), (seen, want)
