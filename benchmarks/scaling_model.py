@@ -8,7 +8,7 @@
     .venv/bin/python benchmarks/scaling_model.py project          # Polaris projection: figures, JSON, Markdown
     .venv/bin/python benchmarks/scaling_model.py all              # the three in order
 
-The model itself is sagips/sim.py (a discrete-event simulation of every mode's schedule; read its docstring).
+The model itself is benchmarks/sim.py (a discrete-event simulation of every mode's schedule; read its docstring).
 This script supplies its inputs and checks it:
 
 1. measure -> docs/benchmarks/scaling_measurements.json
@@ -54,9 +54,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # sim.py, the model
 
+from sagips.comm import waitpolicy  # noqa: E402
 from sagips.config import MODES  # noqa: E402
-from sagips.sim import Link, Profile, project, simulate  # noqa: E402
+from sim import Link, Profile, project, simulate  # noqa: E402  (benchmarks/sim.py)
 
 DOCS = REPO / "docs" / "benchmarks"
 MEASUREMENTS = DOCS / "scaling_measurements.json"
@@ -509,7 +511,7 @@ def calibrate(measurements_json, extra_json=None, stat: str = "p10_s") -> dict:
                 vals.append((r["seconds"] - loc - t0) / hops - nbytes * beta)
         alpha_by_n[n_ranks] = max(float(np.mean(vals)), alpha)
     # the collective's own Python/mpi4py cost: Iallreduce + watchdog wait, minus the modelled MPI rounds
-    from sagips.sim import allreduce_cost
+    from sim import allreduce_cost
 
     calls = []
     for r in recs:
@@ -604,7 +606,9 @@ POLARIS_SOURCES = {
     "rma_fixed_s": "measured here (RmaExchange at N=2, shared-memory window) minus one peer's cost",
     "rma_per_peer_s": "measured here bottom-up: 2 memcpy + crc32 of a 202 kB slot + one numpy add",
     "rendezvous": "MPICH sends 200 kB messages with the rendezvous protocol: a send completes when the receiver posted",
-    "polling": "sagips.comm.watchdog's wait loop: spin 50 us, then sleeps of 10 us doubling to 1 ms (its constants)",
+    "polling": (f"sagips.comm.watchdog's wait loop, its own constants (sagips.comm.waitpolicy): spin "
+                f"{waitpolicy.SPIN_S * 1e6:.0f} us, yield until {waitpolicy.YIELD_S * 1e3:g} ms, then sleeps of "
+                f"{waitpolicy.MIN_SLEEP_S * 1e6:.0f} us doubling to {waitpolicy.MAX_SLEEP_S * 1e3:g} ms"),
     "wake_s": "assumption: 60 us extra per sleep on a dedicated core (Linux default timer slack 50 us + wake-up); "
               "this machine's, fitted on the schedule replay, is ~100x that (2 loaded cores)",
     "collective_rounds": "fitted on the schedule replay (allreduce, N=2): polled steps of MPICH's Iallreduce per "
@@ -967,7 +971,7 @@ def cmd_project(args) -> None:
     pair_rows = validate_pairs(data.get("validation_pairs", []), cal, data["epoch"])
     replay_rows = validate_schedule(data.get("schedule_replay", []), cal, cal.get("polling"))
     result = {
-        "model": "sagips/sim.py (discrete-event schedule of every mode; see its docstring)",
+        "model": "benchmarks/sim.py (discrete-event schedule of every mode; see its docstring)",
         "calibration": {k: v for k, v in cal.items()},
         "calibration_from_exchange_json": cross,
         "local_measurements": {"meta": data.get("meta"), "local": data.get("local"), "epoch": data.get("epoch")},
@@ -1021,7 +1025,7 @@ def report(r: dict) -> str:
     L = []
     w = L.append
     w("# Scaling model: training time and analysis rate vs ranks\n")
-    w("Written by `benchmarks/scaling_model.py` (model: `sagips/sim.py`). A discrete-event simulation of every mode's "
+    w("Written by `benchmarks/scaling_model.py` (model: `benchmarks/sim.py`). A discrete-event simulation of every mode's "
       "schedule per epoch: compute time per rank (mean + jitter + stragglers), ring hops that wait for their "
       "neighbours (whole: N-1 hops of the full buffer; chunked: 2(N-1) hops of buffer/N), MPI_Allreduce "
       "(Rabenseifner: 2 log2 N rounds, a barrier-like collective), the RMA inner step (local cost only, never "

@@ -1,6 +1,6 @@
-"""The scaling model (sagips/sim.py): hand-computed schedules, straggler semantics, and the calibration fit.
+"""The scaling model (benchmarks/sim.py): hand-computed schedules, straggler semantics, and the calibration fit.
 
-Every expected number below was computed by hand from the rules in sagips/sim.py's docstring; no MPI is used.
+Every expected number below was computed by hand from the rules in benchmarks/sim.py's docstring; no MPI is used.
 """
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sagips.sim import Link, Profile, allreduce_cost, project, rate, ring_allreduce, ring_hops, simulate
+from tests._bench import load_benchmark
+
+sim = load_benchmark("sim")
+Link, Profile, allreduce_cost, project, rate = sim.Link, sim.Profile, sim.allreduce_cost, sim.project, sim.rate
+ring_allreduce, ring_hops, simulate = sim.ring_allreduce, sim.ring_hops, sim.simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -289,14 +293,14 @@ def test_validate_reports_the_relative_error():
 
 # ------------------------------------------------------------------------------------------- the wait loop
 def test_poll_finish_follows_the_watchdog_back_off():
-    # spin 50 us, then tests after sleeps of 0, 10, 20, 40, 80 us ... (+ wake_s each): tests at
-    # 50, 50, 60, 80, 120, 200 us (wake 0); with wake 5 us: 50, 50, 65, 90, 135 us.
-    from sagips.sim import collective_delay, poll_finish, poll_interval
+    # spin 50 us, no yield phase, then tests after sleeps of 10, 20, 40, 80 us ... (+ wake_s each): tests at
+    # 50, 60, 80, 120, 200 us (wake 0); with wake 5 us: 50, 65, 90, 135 us.
+    collective_delay, poll_finish, poll_interval = sim.collective_delay, sim.poll_finish, sim.poll_interval
 
-    prof = profile(polling=True, poll_spin_s=50e-6, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=0.0)
+    prof = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=0.0)
     got = poll_finish(prof, np.array([30e-6, 55e-6, 100e-6, 150e-6]))
     np.testing.assert_allclose(got, [30e-6, 60e-6, 120e-6, 200e-6], rtol=1e-6)
-    prof5 = profile(polling=True, poll_spin_s=50e-6, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=5e-6)
+    prof5 = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=5e-6)
     np.testing.assert_allclose(poll_finish(prof5, np.array([100e-6])), [135e-6], rtol=1e-6)
     # after a long wait the gap between tests is the cap (1 ms); a collective's rounds each wait half of it
     assert poll_interval(prof, np.array([0.01]))[0] == pytest.approx(1e-3)
@@ -304,12 +308,28 @@ def test_poll_finish_follows_the_watchdog_back_off():
     assert poll_finish(profile(), np.array([1e-4]))[0] == pytest.approx(1e-4)  # polling off: exact
 
 
+def test_the_model_waits_as_the_watchdog_does():
+    """The model's defaults are the watchdog's own constants (sagips.comm.waitpolicy), and a wait shorter than the
+    spin + yield phases is noticed at once; a longer one at the back-off's tests: 2 ms, then + 50, + 100, + 200 us."""
+    from sagips.comm import waitpolicy
+    from sagips.comm import watchdog
+
+    prof = profile(polling=True)
+    assert (prof.poll_spin_s, prof.poll_yield_s, prof.poll_min_sleep_s, prof.poll_max_sleep_s) == (
+        watchdog._SPIN_S, watchdog._YIELD_S, watchdog._MIN_SLEEP_S, watchdog._MAX_SLEEP_S) == (
+        waitpolicy.SPIN_S, waitpolicy.YIELD_S, waitpolicy.MIN_SLEEP_S, waitpolicy.MAX_SLEEP_S)
+    y, m = waitpolicy.YIELD_S, waitpolicy.MIN_SLEEP_S
+    got = sim.poll_finish(prof, np.array([1e-3, y, y + 1e-6, y + m + 1e-6, y + 3 * m + 1e-6]))
+    np.testing.assert_allclose(got, [1e-3, y, y + m, y + 3 * m, y + 7 * m], rtol=1e-9)
+    assert sim.poll_interval(prof, np.array([1e-3]))[0] == 0.0  # still yielding: tests continuously
+
+
 def test_a_late_neighbour_costs_the_back_off_overshoot_in_a_ring():
     # 2 ranks, hop 10 us; rank 1 arrives 100 us late. Without polling rank 0 ends at 100 + 10 us; with the
     # back-off it notices at its first test after 110 us: 120 us.
     link = Link(10e-6, math.inf)
     for polling, expected in ((False, 110e-6), (True, 120e-6)):
-        prof = profile(intra=link, inter=link, polling=polling, poll_spin_s=50e-6, poll_min_sleep_s=10e-6,
+        prof = profile(intra=link, inter=link, polling=polling, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6,
                        poll_max_sleep_s=1e-3)
         end = ring_allreduce(np.array([0.0, 100e-6]), np.arange(2).reshape(1, 2), prof, "whole")[0]
         assert end[0] == pytest.approx(expected, rel=1e-6)

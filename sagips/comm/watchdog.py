@@ -16,16 +16,11 @@ from collections.abc import Sequence
 
 from mpi4py import MPI
 
-# Polling policy (measured in docs/modes.md). MPICH's own Waitall busy-polls, which on an oversubscribed node (more
-# ranks than cores) steals the core from the very peer we are waiting for; but a sleep costs ~60-100 us on Linux
-# (timer slack + wake-up), several times a whole 200 KiB ring hop (~30 us on this machine). So we wait in three
-# phases: spin on Testall (a hop whose peer is ready finishes here), then Testall + sched_yield (costs ~1 us when
-# the core is ours, hands it to the peer when the node is oversubscribed), then sleep with exponential back-off, so
-# that waiting for a straggler for seconds or minutes costs ~no CPU and wakes at most _MAX_SLEEP_S late.
-_SPIN_S = 20e-6
-_YIELD_S = 2e-3
-_MIN_SLEEP_S = 50e-6
-_MAX_SLEEP_S = 1e-3
+# the polling policy (spin, yield, sleep with back-off) and why: sagips/comm/waitpolicy.py
+from sagips.comm.waitpolicy import MAX_SLEEP_S as _MAX_SLEEP_S
+from sagips.comm.waitpolicy import MIN_SLEEP_S as _MIN_SLEEP_S
+from sagips.comm.waitpolicy import SPIN_S as _SPIN_S
+from sagips.comm.waitpolicy import YIELD_S as _YIELD_S
 
 ABORT_CODE = 3
 

@@ -1,6 +1,6 @@
 """A discrete-event model of the SAGIPS exchange schedules: training time and analysis rate versus ranks.
 
-    from sagips.sim import Link, Profile, simulate, project
+    from sim import Link, Profile, simulate, project     # (run from benchmarks/; tests: tests._bench.load_benchmark)
     prof = Profile(name="toy", epoch_s=0.035, intra=Link(0.5e-6, 10e9), inter=Link(2.5e-6, 25e9), hop_overhead_s=20e-6)
     res = simulate("arar-arar", n_ranks=400, epochs=2000, profile=prof, outer_every=1000)
     res.train_s, res.finish            # the run's training seconds (slowest rank), every rank's finishing time
@@ -45,10 +45,13 @@ The exchanges (the same algorithms as sagips/comm/):
   the group + that cost; eager: end[m] = max(end[m], end[leader]) + cost. So in rma-arar-arar a straggler holds up
   its own group at an outer epoch, and, through its late leader, everybody at the next one.
 
-The wait loop (polling=True): sagips.comm.watchdog tests the requests in a loop, spinning poll_spin_s, then
-sleeping with exponential back-off (poll_min_sleep_s doubling up to poll_max_sleep_s, each sleep taking wake_s
-longer than asked). A rank that waits W therefore notices the completion at its first test after W
-(poll_finish): a ring hop that had to wait finishes late by up to one back-off gap. A nonblocking collective
+The wait loop (polling=True), with the constants of sagips.comm.waitpolicy (the watchdog's own): a rank tests its
+requests continuously while it spins (poll_spin_s) and then yields (until poll_yield_s has passed since the wait
+began), then sleeps with exponential back-off (poll_min_sleep_s doubling up to poll_max_sleep_s, each sleep taking
+wake_s longer than asked). A rank that waits W therefore notices the completion at once if W <= poll_yield_s, else
+at its first test after W (poll_finish): a ring hop that had to wait longer than the yield phase finishes late by up
+to one back-off gap. (A yield on an oversubscribed node hands the core to another runnable rank; the model counts
+that through the compute slow-down of shared cores, not here.) A nonblocking collective
 (Iallreduce, Ibcast) progresses only inside those tests: once the last rank has arrived, every later round waits
 for the early ranks' next test, on average half their (by then long) gap: collective_rounds * rounds * gap / 2.
 
@@ -62,6 +65,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from sagips.comm import waitpolicy  # the watchdog's wait loop, in numbers
 from sagips.config import MODES  # the one definition of the mode names
 RINGS = ("whole", "chunked")
 
@@ -97,10 +101,11 @@ class Profile:
     cpu_cores: int | None = None      #: cores of one node for compute; more ranks than that share them (None: no limit)
     corun_factor: float = 1.0         #: slow-down of a rank's compute while other ranks compute on the same node's
                                       #: cores (shared caches, memory bandwidth, clocks); 1 = none (one GPU per rank)
-    polling: bool = False             #: model the watchdog's wait loop (spin, then sleeps with exponential back-off)
-    poll_spin_s: float = 50e-6        #: sagips.comm.watchdog: spin this long on Testall before sleeping
-    poll_min_sleep_s: float = 10e-6   #: first sleep of the back-off (doubling)
-    poll_max_sleep_s: float = 1e-3    #: longest sleep of the back-off
+    polling: bool = False             #: model the watchdog's wait loop (spin, yield, sleeps with back-off)
+    poll_spin_s: float = waitpolicy.SPIN_S            #: spin this long on Testall
+    poll_yield_s: float = waitpolicy.YIELD_S          #: then Testall + sched_yield until this long since the start
+    poll_min_sleep_s: float = waitpolicy.MIN_SLEEP_S  #: first sleep of the back-off (doubling)
+    poll_max_sleep_s: float = waitpolicy.MAX_SLEEP_S  #: longest sleep of the back-off
     wake_s: float = 0.0               #: extra time every sleep really takes (timer slack + scheduler wake-up)
     collective_rounds: float = 1.0    #: polled rounds of a nonblocking collective, per 2*ceil(log2 N) modelled ones
     n_floats: int = 50_688            #: exchanged float32 (the generator's weight gradients)
@@ -148,19 +153,25 @@ _CHECKS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _checks(prof: Profile) -> tuple[np.ndarray, np.ndarray]:
-    """Times (from the start of a wait) at which the watchdog's loop tests the requests after its spin, and the
-    length of the sleep that follows each test: spin, then sleeps of 0, min, 2 min, ... max (each + wake_s)."""
-    key = (prof.poll_spin_s, prof.poll_min_sleep_s, prof.poll_max_sleep_s, prof.wake_s)
+    """Times (from the start of a wait) at which the watchdog's loop tests the requests once it has stopped testing
+    continuously (after the spin and the yield phase), and the gap that follows each test: sleeps of min, 2 min, ...
+    max, each + wake_s."""
+    key = (_continuous(prof), prof.poll_min_sleep_s, prof.poll_max_sleep_s, prof.wake_s)
     if key not in _CHECKS:
-        times, gaps, t, sleep = [], [], prof.poll_spin_s, 0.0
+        lo, hi = max(prof.poll_min_sleep_s, 1e-7), max(prof.poll_max_sleep_s, 1e-7)
+        times, gaps, t, sleep = [], [], _continuous(prof), min(lo, hi)
         while t < 120.0:  # longer waits are the watchdog's business, not the model's
-            gap = sleep + (prof.wake_s if sleep > 0 else 0.0)  # time.sleep(0) only yields
             times.append(t)
-            gaps.append(gap)
-            t += gap
-            sleep = min(max(2 * sleep, prof.poll_min_sleep_s, 1e-7), max(prof.poll_max_sleep_s, 1e-7))
+            gaps.append(sleep + prof.wake_s)
+            t += sleep + prof.wake_s
+            sleep = min(2 * sleep, hi)
         _CHECKS[key] = (np.array(times), np.array(gaps))
     return _CHECKS[key]
+
+
+def _continuous(prof: Profile) -> float:
+    """How long a wait tests continuously (spin, then yield) before it sleeps."""
+    return max(prof.poll_spin_s, prof.poll_yield_s)
 
 
 def poll_finish(prof: Profile, wait: np.ndarray) -> np.ndarray:
@@ -170,17 +181,17 @@ def poll_finish(prof: Profile, wait: np.ndarray) -> np.ndarray:
         return wait
     times, _ = _checks(prof)
     idx = np.minimum(np.searchsorted(times, wait), len(times) - 1)
-    return np.where(wait <= prof.poll_spin_s, wait, np.maximum(times[idx], wait))
+    return np.where(wait <= _continuous(prof), wait, np.maximum(times[idx], wait))
 
 
 def poll_interval(prof: Profile, waited: np.ndarray) -> np.ndarray:
-    """The gap between two tests of a rank that has been waiting `waited` seconds (0 while it spins)."""
+    """The gap between two tests of a rank that has been waiting `waited` seconds (0 while it spins or yields)."""
     waited = np.asarray(waited, float)
     if not prof.polling:
         return np.zeros_like(waited)
     times, gaps = _checks(prof)
     idx = np.clip(np.searchsorted(times, waited, side="right") - 1, 0, len(times) - 1)
-    return np.where(waited <= prof.poll_spin_s, 0.0, gaps[idx])
+    return np.where(waited <= _continuous(prof), 0.0, gaps[idx])
 
 
 def collective_delay(prof: Profile, arrive: np.ndarray, rounds: int) -> float:
