@@ -261,6 +261,16 @@ def test_calibrate_recovers_alpha_beta_from_synthetic_ring_times():
     assert cal["t0_s"] == pytest.approx(0.0, abs=1e-9)
     assert all(abs(r["rel_error"]) < 1e-6 for r in cal["residuals"])
     assert cal["rma_fixed_s"] + cal["rma_per_peer_s"] == pytest.approx(5e-4)
+    assert cal["at_bounds"] == ["t0_s"]  # no fixed cost in these times: t0 sits at 0, and the page says so
+    assert [label for label, _, _ in sm.hop_scenarios(cal)] == ["Python hop overhead / 3", "Python hop overhead x 3"]
+    # a per-hop cost below the MPI latency leaves nothing for Python: hop_overhead_s is clamped, and flagged
+    for r in recs:
+        if r["technique"] != "rma":
+            hops, nbytes, loc = sm._ring_parts(r["technique"], 2, r["n_floats"], local)
+            r["seconds"] = r["p10_s"] = loc + 1e-5 + hops * (0.5e-6 + nbytes * beta)
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": local, "exchange": recs})
+    assert cal["hop_overhead_s"] == 0.0 and cal["at_bounds"] == ["hop_overhead_s"]
+    assert all("assumed" in label for label, _, _ in sm.hop_scenarios(cal))
 
 
 def test_calibrate_reads_the_exchange_benchmark_format():
