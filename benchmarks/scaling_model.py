@@ -1298,6 +1298,7 @@ def main(argv=None) -> int:
     v.add_argument("--note", default="", help="a remark stored with the runs and printed in the report")
     v.add_argument("--work", default="/tmp/sagips-scaling-model")
     sub.add_parser("project", help="the Polaris projection: figures, JSON, Markdown")
+    sub.add_parser("report", help="only the page and figures, again, from the stored JSON (no simulation)")
     a = sub.add_parser("all", help="measure, validate --paired, project")
     a.add_argument("--reps", type=int, default=60)
     a.add_argument("--work", default="/tmp/sagips-scaling-model")
@@ -1320,6 +1321,11 @@ def main(argv=None) -> int:
         cmd_validate(args)
     elif args.cmd == "project":
         cmd_project(args)
+    elif args.cmd == "report":
+        result = json.loads(OUT_JSON.read_text())
+        figures(result["projection"])
+        OUT_MD.write_text(report(result))
+        print(f"wrote {OUT_MD.relative_to(REPO)}, {FIG_TIME.name}, {FIG_RATE.name} from {OUT_JSON.relative_to(REPO)}")
     else:
         cmd_measure(args)
         args.run, args.recalibrate_epoch, args.append, args.note, args.paired = False, False, False, "", True
