@@ -20,15 +20,10 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
+from sagips.errors import ConfigError  # noqa: F401  (re-exported; defined apart so that sagips.environment needs
+#                                        no import of this module, which imports the environment registry)
+
 MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is one line that names the key and says what to fix."""
-
-    def __init__(self, message: str):
-        # one line whatever the input held (a key or a value with a line break): escape the breaks visibly
-        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
 
 
 def _meta(help: str, **checks: Any) -> dict:

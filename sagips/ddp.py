@@ -24,25 +24,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def wrap_generator(comm, G: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """Start torch.distributed over the ranks of `comm` and return G wrapped in DDP (G.backend says which)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+class DDPPeer:
+    """What `sagips.run` needs from this baseline (it never imports this module): wrap the generator, name the mode
+    for run.json, and close torch.distributed at the end."""
 
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    host, port = comm.bcast((socket.gethostname(), _free_port()) if comm.rank == 0 else None, root=0)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank, world_size=comm.size)
-    ddp = DistributedDataParallel(G, device_ids=[device.index] if device.type == "cuda" else None,
-                                  broadcast_buffers=False)
-    ddp.backend = backend
-    return ddp
+    mode = "ddp"
+
+    def wrap(self, comm, G: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """Start torch.distributed over the ranks of `comm` and return G wrapped in DDP."""
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        host, port = comm.bcast((socket.gethostname(), _free_port()) if comm.rank == 0 else None, root=0)
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=comm.rank,
+                                    world_size=comm.size)
+        self.mode = f"ddp-{backend}"
+        return DistributedDataParallel(G, device_ids=[device.index] if device.type == "cuda" else None,
+                                       broadcast_buffers=False)
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def main(argv=None) -> int:
     from sagips.run import main as run_main
 
-    return run_main(argv, peer="ddp")
+    return run_main(argv, peer=DDPPeer())
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from typing import Any, ClassVar, Optional
 import numpy as np
 import torch
 
-from sagips.config import ConfigError
+from sagips.errors import ConfigError
 
 GROUP = "sagips.environments"
 

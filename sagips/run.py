@@ -180,7 +180,9 @@ def clear_run(out_dir: str) -> None:
             pass
 
 
-def main(argv=None, peer: str | None = None) -> int:
+def main(argv=None, peer=None) -> int:
+    """`python -m sagips.run`. peer: a baseline that replaces the SAGIPS exchange (sagips.ddp.DDPPeer: wrap(comm, G,
+    device) -> the wrapped generator, .mode for run.json, close()); None for SAGIPS itself."""
     args = parse_args(argv)
     if args.help_config:
         print_config_help()
@@ -215,8 +217,8 @@ def abort_job(world) -> None:
         world.Abort(1)
 
 
-def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
-    """peer="ddp": the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see sagips/ddp.py)."""
+def _main(args: argparse.Namespace, world, peer=None) -> int:
+    """peer: the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see sagips/ddp.py), or None."""
     from mpi4py import MPI
 
     phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
@@ -358,10 +360,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
                       is_root=is_root, share=lambda obj: comm.bcast(obj, root=0),
                       computes_quality=is_root or not local_quality)
     phase("networks_and_precision")
-    if peer == "ddp":
-        from sagips.ddp import wrap_generator
-
-        trainer.G = wrap_generator(comm, trainer.G, device)  # DDP broadcasts rank 0's weights at construction
+    if peer is not None:
+        trainer.G = peer.wrap(comm, trainer.G, device)  # DDP broadcasts rank 0's weights at construction
     if topo is not None:
         broadcast_module(comm, trainer.G)  # replicas start identical
         exchange = build_exchange(cfg.mode, topo, trainer.grads.n, ring=cfg.comm.ring,
@@ -372,13 +372,13 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
 
     run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
-        "environment": cfg.environment.name, "mode": f"ddp-{trainer.G.backend}" if peer == "ddp" else cfg.mode,
+        "environment": cfg.environment.name, "mode": peer.mode if peer is not None else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
         "events_per_epoch": env.events_per_epoch,
         "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
         "exchanged_floats": (trainer.grads.n if topo is not None else
-                             sum(p.numel() for p in trainer.G.parameters()) if peer == "ddp" else 0),
+                             sum(p.numel() for p in trainer.G.parameters()) if peer is not None else 0),
         "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
         "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
         # rank -> host/pid: mpiexec, the OOM killer and system logs name processes by PID; this maps them to ranks
@@ -468,10 +468,8 @@ def _main(args: argparse.Namespace, world, peer: str | None = None) -> int:
         exchange.free()
     if topo is not None:
         topo.free()
-    if peer == "ddp":
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+    if peer is not None:
+        peer.close()
     if stopped is not None:
         print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
