@@ -217,18 +217,48 @@ def abort_job(world) -> None:
         world.Abort(1)
 
 
-def _main(args: argparse.Namespace, world, peer=None) -> int:
-    """peer: the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see sagips/ddp.py), or None."""
-    from mpi4py import MPI
+class _Run:
+    """What the steps of one run share (filled in order by the steps of `_main`)."""
 
-    phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
-    t_phase = [time.perf_counter()]
+    def __init__(self, args: argparse.Namespace, world, peer):
+        self.args, self.world, self.peer = args, world, peer
+        self.phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
+        self._t = time.perf_counter()
+        self.topo = self.exchange = self.agreement = None
 
-    def phase(name: str) -> None:
+    def phase(self, name: str) -> None:
         now = time.perf_counter()
-        phases[name] = round(now - t_phase[0], 3)
-        t_phase[0] = now
+        self.phases[name] = round(now - self._t, 3)
+        self._t = now
 
+
+def _main(args: argparse.Namespace, world, peer=None) -> int:
+    """One run, in named steps. peer: the torch-DDP baseline of `python -m sagips.ddp` (no SAGIPS exchange; see
+    sagips/ddp.py), or None.
+
+    The order of the end matters (issue 21, defect 1): `_fit` aborts the whole job on any error other than a
+    requested stop, BEFORE `_clean_up` frees anything collectively (an RMA window, a communicator); only a requested
+    stop and the normal end reach `_clean_up`."""
+    r = _Run(args, world, peer)
+    _configure(r)
+    _place(r)
+    _load_data(r)
+    _build_trainer(r)
+    _build_exchange(r)
+    _describe(r)
+    stopped = _fit(r)
+    _clean_up(r)
+    if stopped is not None:
+        print(f"sagips: rank {r.comm.rank}: {stopped}", file=sys.stderr, flush=True)
+        return 143
+    _finish(r)
+    return 0
+
+
+def _configure(r: _Run) -> None:
+    """The config (every rank validates the same input: the same error everywhere), the ensemble members' communicators,
+    the output directory and, on --resume, the epoch that every rank holds."""
+    args, world = r.args, r.world
     flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
              "ensemble.members": args.ensemble_size}
     if args.no_progress:
@@ -236,33 +266,32 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     if args.profile:
         flags["train.profile"] = True
     base = on_root(world, saved_config, args.output_dir) if (args.resume and not args.config) else None
-    cfg = load(args.config, args.set, flags, base=base)  # every rank validates the same input: same error everywhere
+    r.cfg = cfg = load(args.config, args.set, flags, base=base)
 
-    # ---- ensemble members: independent runs in sub-communicators of the world
-    members = cfg.ensemble.members
+    # ensemble members: independent runs in sub-communicators of the world
+    r.members = members = cfg.ensemble.members
     if world.size % members:
         raise ConfigError(f"ensemble.members={members} does not divide the number of ranks ({world.size})")
-    per_member = world.size // members
-    member = world.rank // per_member
-    comm = world.Split(color=member, key=world.rank) if members > 1 else world.Dup()
-    out_dir = os.path.join(cfg.output_dir, f"member{member:03d}") if members > 1 else cfg.output_dir
+    r.member = member = world.rank // (world.size // members)
+    r.comm = comm = world.Split(color=member, key=world.rank) if members > 1 else world.Dup()
+    r.out_dir = out_dir = os.path.join(cfg.output_dir, f"member{member:03d}") if members > 1 else cfg.output_dir
     if cfg.comm.inner_size > comm.size:
         raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} is larger than the ranks of a run "
                           f"({comm.size}); use at most {comm.size}, or 0 for one group per node")
     for key in ("delay_ranks", "fail_ranks"):
-        bad = [r for r in getattr(cfg.pipeline, key) if not 0 <= r < comm.size]
+        bad = [x for x in getattr(cfg.pipeline, key) if not 0 <= x < comm.size]
         if bad:
             raise ConfigError(f"pipeline.{key}: rank {bad[0]} does not exist in a run of {comm.size} ranks")
     # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work per
     # rank must not grow with the ranks (400 ranks reading the same files on Lustre)
     on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
-    prev_run = on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
-    resume_from = None
+    r.prev_run = prev_run = on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
+    r.resume_from = None
     if prev_run is not None:
         from sagips.io.state import agree_resume_epoch
 
-        resume_from = agree_resume_epoch(comm, out_dir)  # (the newest epoch every rank holds, this rank's own)
-        if resume_from[0] is None:
+        r.resume_from = agree_resume_epoch(comm, out_dir)  # (the newest epoch every rank holds, this rank's own)
+        if r.resume_from[0] is None:
             raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
                               f"incomplete); start it again with --overwrite")
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
@@ -284,36 +313,45 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
             print(f"sagips: --resume removed {stale} temporary file(s) left by an interrupted write",
                   file=sys.stderr, flush=True)
     world.Barrier()
-    phase("config")
+    r.phase("config")
 
-    # ---- host-local layout: device and threads
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+
+def _place(r: _Run) -> None:
+    """This rank's device and threads (from the ranks on its node), its seeds, and the environment's class."""
+    from mpi4py import MPI
+
+    node = r.world.Split_type(MPI.COMM_TYPE_SHARED, key=r.world.rank)
     local_rank = node.rank
     from sagips.trainer import affinity
 
     node_cpus = [set(c) for c in node.allgather(sorted(affinity()))]  # pinned per rank, or one shared set?
     node.Free()
-    import numpy as np
     import torch
 
     from sagips.environment import get_environment
-    from sagips.io.distribute import broadcast_arrays
-    from sagips.io.refdata import read_reference
-    from sagips.trainer import Trainer, rank_seeds, select_device, set_threads
+    from sagips.trainer import rank_seeds, select_device, set_threads
 
-    device = select_device(cfg.train.device, local_rank)
-    threads = set_threads(cfg.train.threads, node_cpus)
-    if device.type == "cpu":  # reuse freed activation memory instead of faulting in fresh pages every step
+    r.device = select_device(r.cfg.train.device, local_rank)
+    r.threads = set_threads(r.cfg.train.threads, node_cpus)
+    if r.device.type == "cpu":  # reuse freed activation memory instead of faulting in fresh pages every step
         from sagips.perf import retain_freed_memory
 
         retain_freed_memory()
-    env_cls = get_environment(cfg.environment.name)
-    torch_seed, np_seed = rank_seeds(cfg.seed, member, comm.rank)
-    torch.manual_seed(torch_seed)
-    phase("imports")
+    r.env_cls = get_environment(r.cfg.environment.name)
+    r.torch_seed, r.np_seed = rank_seeds(r.cfg.seed, r.member, r.comm.rank)
+    torch.manual_seed(r.torch_seed)
+    r.phase("imports")
 
-    # ---- reference data: world rank 0 loads or generates it; every rank gets raw buffers (no pickles)
-    data_file = getattr(cfg.environment, "data_file", None)
+
+def _load_data(r: _Run) -> None:
+    """The reference data: world rank 0 loads or generates it; every rank gets raw buffers (no pickles)."""
+    import numpy as np
+
+    from sagips.io.distribute import broadcast_arrays
+    from sagips.io.refdata import read_reference
+
+    cfg, env_cls = r.cfg, r.env_cls
+    r.data_file = data_file = getattr(cfg.environment, "data_file", None)
 
     def make():
         if data_file:
@@ -327,110 +365,126 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     # moves: the others while rank 0 makes the data (they would only wait), rank 0 right after. So it counts in the
     # start-up, not in epoch 1, and overlaps rank 0's work. (After the broadcast, or on the others alone, it left
     # cores idle or let rank 0 spin in the broadcast while they imported: 2.2 s -> 9.1 s on 4 ranks / 2 cores.)
-    if world.rank != 0:
+    if r.world.rank != 0:
         import torch._dynamo  # noqa: F401
-    arrays, attrs = broadcast_arrays(world, make)
-    env = env_cls(cfg.environment, device, seed=torch_seed)
-    env.attach_data(arrays, attrs, np.random.default_rng(np_seed))
+    arrays, attrs = broadcast_arrays(r.world, make)
+    r.env = env_cls(cfg.environment, r.device, seed=r.torch_seed)
+    r.env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
     del arrays
-    phase("reference_data")
+    r.phase("reference_data")
 
-    # ---- the exchange: topology and mode
-    topo = exchange = None
-    if cfg.mode != "ensemble" and peer is None:
-        from sagips.comm.modes import build_exchange
-        from sagips.comm.topology import build_topology
 
-        topo = build_topology(comm, cfg.comm.inner_size or None)
-    is_root = comm.rank == 0
-    rma = cfg.mode == "rma-arar-arar"
-
+def _build_trainer(r: _Run) -> None:
+    """The networks, optimisers and precision; how the logged quality is gathered."""
     from sagips.comm import watchdog
+    from sagips.trainer import Trainer
 
+    cfg, comm = r.cfg, r.comm
+    r.is_root = comm.rank == 0
+    r.rma = cfg.mode == "rma-arar-arar"
     # rma-arar-arar never synchronises ranks outside the exchange: rank 0 logs its own generator only, and the other
     # ranks compute no quality at all (at 400 ranks, 399 would throw it away)
-    local_quality = rma or comm.size == 1
+    local_quality = r.rma or comm.size == 1
 
     def gather_quality(q):
         if local_quality:
             return [q]
         return watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="quality gather")
 
-    trainer = Trainer(cfg, env, comm.rank, comm.size, out_dir, exchange=None, gather_quality=gather_quality,
-                      is_root=is_root, share=lambda obj: comm.bcast(obj, root=0),
-                      computes_quality=is_root or not local_quality)
-    phase("networks_and_precision")
-    if peer is not None:
-        trainer.G = peer.wrap(comm, trainer.G, device)  # DDP broadcasts rank 0's weights at construction
-    if topo is not None:
-        broadcast_module(comm, trainer.G)  # replicas start identical
-        exchange = build_exchange(cfg.mode, topo, trainer.grads.n, ring=cfg.comm.ring,
-                                  outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
-                                  timeout_s=cfg.comm.timeout_s or None)
-        trainer.exchange = exchange
-    phase("exchange")
+    r.trainer = Trainer(cfg, r.env, comm.rank, comm.size, r.out_dir, exchange=None, gather_quality=gather_quality,
+                        is_root=r.is_root, share=lambda obj: comm.bcast(obj, root=0),
+                        computes_quality=r.is_root or not local_quality)
+    r.phase("networks_and_precision")
 
-    run_info = {
+
+def _build_exchange(r: _Run) -> None:
+    """The topology and the exchange of the mode (or the peer's wrapper); replicas start identical."""
+    cfg, comm, trainer = r.cfg, r.comm, r.trainer
+    if r.peer is not None:
+        trainer.G = r.peer.wrap(comm, trainer.G, r.device)  # DDP broadcasts rank 0's weights at construction
+    elif cfg.mode != "ensemble":
+        from sagips.comm.modes import build_exchange
+        from sagips.comm.topology import build_topology
+
+        r.topo = build_topology(comm, cfg.comm.inner_size or None)
+        broadcast_module(comm, trainer.G)  # replicas start identical
+        r.exchange = build_exchange(cfg.mode, r.topo, trainer.grads.n, ring=cfg.comm.ring,
+                                    outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
+                                    timeout_s=cfg.comm.timeout_s or None)
+        trainer.exchange = r.exchange
+    r.phase("exchange")
+
+
+def _describe(r: _Run) -> None:
+    """run.json (rank 0), the resumed state, the state marker and the stop agreement."""
+    cfg, comm, trainer, env, out_dir = r.cfg, r.comm, r.trainer, r.env, r.out_dir
+    n_params = sum(p.numel() for p in trainer.G.parameters())
+    r.run_info = run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
-        "environment": cfg.environment.name, "mode": peer.mode if peer is not None else cfg.mode,
-        "label": cfg.label, "world_size": comm.size, "ensemble_members": members, "member": member,
+        "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
+        "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
         "events_per_epoch": env.events_per_epoch,
-        "n_critic": env.n_critic, "generator_params": sum(p.numel() for p in trainer.G.parameters()),
-        "exchanged_floats": (trainer.grads.n if topo is not None else
-                             sum(p.numel() for p in trainer.G.parameters()) if peer is not None else 0),
-        "layout": topo.describe() if topo is not None else {"inner_size": 1, "groups": [[r] for r in range(comm.size)]},
-        "device": str(device), "threads_per_rank": threads, "hosts": sorted(set(comm.allgather(socket.gethostname()))),
+        "n_critic": env.n_critic, "generator_params": n_params,
+        "exchanged_floats": (trainer.grads.n if r.topo is not None else n_params if r.peer is not None else 0),
+        "layout": (r.topo.describe() if r.topo is not None else
+                   {"inner_size": 1, "groups": [[x] for x in range(comm.size)]}),
+        "device": str(r.device), "threads_per_rank": r.threads,
+        "hosts": sorted(set(comm.allgather(socket.gethostname()))),
         # rank -> host/pid: mpiexec, the OOM killer and system logs name processes by PID; this maps them to ranks
         # (supervisor_pid: the launched process that watches this rank's process, see sagips.supervise)
-        "processes": [{"rank": r, "host": h, "pid": pid, "supervisor_pid": sup} for r, (h, pid, sup) in
+        "processes": [{"rank": x, "host": h, "pid": pid, "supervisor_pid": sup} for x, (h, pid, sup) in
                       enumerate(comm.allgather((socket.gethostname(), os.getpid(),
                                                 os.getppid() if is_supervised() else None)))],
-        "versions": versions(), "start_time": _now(), "data_file": os.path.abspath(data_file) if data_file else None,
-        "precision": trainer.precision,
+        "versions": versions(), "start_time": _now(),
+        "data_file": os.path.abspath(r.data_file) if r.data_file else None, "precision": trainer.precision,
     }
-    if prev_run is not None:
+    if r.prev_run is not None:
         from sagips.io.state import RankStates, load_state, state_path
 
-        epoch0, mine = resume_from
+        epoch0, mine = r.resume_from
         for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
             os.unlink(state_path(out_dir, comm.rank, stale))
         trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)
         trainer.load_state_dict(load_state(out_dir, comm.rank, epoch0))
-        if is_root:
+        if r.is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
-        run_info["start_time"] = prev_run.get("start_time", run_info["start_time"])
-        run_info["resumes"] = prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
-    if members > 1:
-        trainer.progress_desc = f"{cfg.mode} member {member}"
-    if is_root:  # state/latest.json: the newest epoch that every rank's state holds (from the ranks' reduction)
+        run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
+        run_info["resumes"] = r.prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
+    if r.members > 1:
+        trainer.progress_desc = f"{cfg.mode} member {r.member}"
+    if r.is_root:  # state/latest.json: the newest epoch that every rank's state holds (from the ranks' reduction)
         from sagips.io.state import write_latest
 
         trainer.on_state_complete = lambda e: write_latest(out_dir, e, comm.size)
-    agreement = None
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
-        agreement = StopAgreement(comm, cfg.comm.timeout_s or None)
-        trainer.stop_agreement = agreement
-    phase("run_json")
+        r.agreement = StopAgreement(comm, cfg.comm.timeout_s or None)
+        trainer.stop_agreement = r.agreement
+    r.phase("run_json")
     from sagips.perf import process_age_s
 
     # everything before the first epoch, from the launched process's start (interpreter and imports included)
-    age = process_age_s(is_supervised())
-    ages = comm.gather(age, root=0)
-    if is_root:
+    ages = comm.gather(process_age_s(is_supervised()), root=0)
+    if r.is_root:
         known = [a for a in ages if a is not None]
         run_info["startup_s"] = round(max(known), 3) if known else None
-        run_info["startup"] = {"rank0_phases_s": phases, "per_rank_s": ages,
+        run_info["startup"] = {"rank0_phases_s": r.phases, "per_rank_s": ages,
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
         print(startup_line(run_info), file=sys.stderr, flush=True)
 
+
+def _fit(r: _Run):
+    """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1), else None. Any other error is reported
+    and aborts the job here, before `_clean_up`."""
     import signal
 
     from sagips.checks import FirstEpochCheckError
     from sagips.trainer import StopRequested
+
+    trainer = r.trainer
 
     def request_stop(signum, frame):  # PBS sends SIGTERM before it kills: finish the epoch, save, stop
         trainer.stop_requested = True
@@ -440,61 +494,72 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     t0 = time.time()
     stopped = None
     try:
-        state = trainer.fit(progress=True)
+        r.state = trainer.fit(progress=True)
     except StopRequested as e:
-        stopped, state = e, trainer.state
+        stopped, r.state = e, trainer.state
     except FirstEpochCheckError:
         # the environment failed a first-epoch check (sagips.checks): every rank raised it at the same point, before
         # any exchange, so the collective clean-up is safe; main() prints the one line once and exits with status 2
-        if exchange is not None:
-            exchange.free()
-        if topo is not None:
-            topo.free()
+        _free(r)
         raise
     except BaseException:
         # Report and abort BEFORE any collective clean-up: freeing an RMA window or a communicator is collective,
         # so a failed rank that tried it would wait there for ranks that train on until the watchdog fires, and its
         # traceback would never be printed. Only a requested stop and the normal end free collectively.
-        if world.size > 1:
-            abort_job(world)  # does not return
+        if r.world.size > 1:
+            abort_job(r.world)  # does not return
         raise
-    if agreement is not None:  # every rank posted the same reductions: complete them before anything is freed
-        agreement.finish(state.epoch, trainer.states.newest)
-        trainer.state_complete(agreement.complete)  # the final (or agreed stop) state is in the marker
-        if agreement.signalled_at is not None:
-            print(f"sagips: rank {comm.rank}: stop requested by a signal at the end of epoch {agreement.signalled_at}; "
-                  f"every rank stops after epoch {agreement.target}", file=sys.stderr, flush=True)
-    if exchange is not None:
-        exchange.free()
-    if topo is not None:
-        topo.free()
-    if peer is not None:
-        peer.close()
-    if stopped is not None:
-        print(f"sagips: rank {comm.rank}: {stopped}", file=sys.stderr, flush=True)
-        return 143
-    wall = time.time() - t0
+    r.wall = time.time() - t0
+    return stopped
+
+
+def _clean_up(r: _Run) -> None:
+    """After a normal end or an agreed stop only: complete the stop agreement's reductions (every rank posted the
+    same ones), then free the exchange, the topology and the peer, collectively."""
+    if r.agreement is not None:
+        r.agreement.finish(r.state.epoch, r.trainer.states.newest)
+        r.trainer.state_complete(r.agreement.complete)  # the final (or agreed stop) state is in the marker
+        if r.agreement.signalled_at is not None:
+            print(f"sagips: rank {r.comm.rank}: stop requested by a signal at the end of epoch "
+                  f"{r.agreement.signalled_at}; every rank stops after epoch {r.agreement.target}",
+                  file=sys.stderr, flush=True)
+    _free(r)
+
+
+def _free(r: _Run) -> None:
+    if r.exchange is not None:
+        r.exchange.free()
+    if r.topo is not None:
+        r.topo.free()
+    if r.peer is not None:
+        r.peer.close()
+
+
+def _finish(r: _Run) -> None:
+    """The run's final quality (every rank's generator), timings and summary in run.json, and the table."""
+    from sagips.comm import watchdog
+
+    cfg, comm, env, state, trainer = r.cfg, r.comm, r.env, r.state, r.trainer
     final_q = trainer.last_quality
-    if rma and comm.size > 1:
-        # the logged quality was rank 0's generator alone (see gather_quality); the final one is the run's: every
+    if r.rma and comm.size > 1:
+        # the logged quality was rank 0's generator alone (see _build_trainer); the final one is the run's: every
         # rank's generator, combined as in the other modes (the ensemble mean of eq. 7), gathered once, after fit
         q = env.quality(trainer.G_eval, cfg.train.quality_samples)
         all_q = watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="final quality gather")
-        final_q = env.combine_quality(all_q) if is_root else None
+        final_q = env.combine_quality(all_q) if r.is_root else None
     train_s = comm.gather(state.time_s, root=0)
-    walls = comm.gather(wall, root=0)
+    walls = comm.gather(r.wall, root=0)
     stats = comm.gather(state.stats, root=0)
-    if is_root:
-        run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
-                        wall_seconds=walls, exchange_stats=stats, final_quality=final_q)
-        write_run_json(out_dir, run_info)
+    if r.is_root:
+        r.run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
+                          wall_seconds=walls, exchange_stats=stats, final_quality=final_q)
+        write_run_json(r.out_dir, r.run_info)
         table = env.summary_table(final_q) if final_q else ""
-        print(f"\nsagips: {run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s of "
-              f"training; outputs in {out_dir}", flush=True)
+        print(f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
+              f"of training; outputs in {r.out_dir}", flush=True)
         if table:
             print(table, flush=True)
     comm.Free()
-    return 0
 
 
 def truncate_metrics(path: str, epoch: int) -> None:

@@ -105,9 +105,11 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_epoch(tmp_path, mode, 
     signalled, target = int(seen.group(1)), int(seen.group(2))
     stopped = {int(r): int(e) for r, e in re.findall(r"rank (\d+): stopped by a signal after epoch (\d+)", log)}
     assert stopped == {r: target for r in range(n)}, (stopped, log[-2000:])
-    # the agreed epoch is at most 2 epochs past the furthest rank at the signal; ranks drift apart where nothing
-    # synchronises them (ensemble; rma-arar-arar's inner ring), and a rank ahead cannot go back
-    assert signalled <= target <= reached + 2, (signalled, reached, target)
+    # ranks drift apart where nothing synchronises them (ensemble; rma-arar-arar's inner ring), and a rank ahead
+    # cannot go back: the agreed epoch is bounded by the furthest rank at the signal, plus the epochs that the flag's
+    # nonblocking reduction takes to progress there (MPI progresses it only inside MPI calls: once per epoch on a rank
+    # whose exchange is plain stores into shared memory; 2 rounds for 4 ranks)
+    assert signalled <= target <= reached + 3, (signalled, reached, target)
     if mode in ("allreduce", "arar", "arar-arar"):  # ranks in step: at most 2 epochs past the signalled rank
         assert target <= signalled + 2, (signalled, target)
     for rank in range(n):
