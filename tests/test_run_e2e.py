@@ -80,11 +80,11 @@ def _identical(ws):
 
 
 # 2 ranks where a third and fourth add nothing (a start-up of 4 ranks costs ~10 s on 2 cores); rma-arar-arar (4 ranks,
-# 2 groups) is run by test_rma_run_records_startup_precision_and_ensemble_quality below
+# 2 groups) is run by test_rma_run_records_startup_precision_and_ensemble_quality below; arar-arar's outer epoch equals
+# arar's ring exactly in tests/mpi/test_modes.py (test_arar_arar_outer_epoch_equals_arar)
 @pytest.mark.parametrize("mode, n, sets, expect", [
     ("allreduce", 2, [], "identical"),
     ("arar", 2, ["comm.ring=chunked"], "identical"),  # the ring's own tests: tests/mpi/test_ring.py at N = 1..4
-    ("arar-arar", 4, ["comm.inner_size=2", "comm.outer_every=1"], "identical"),
     ("arar-arar", 4, ["comm.inner_size=2", "comm.outer_every=1000"], "groups"),
     ("ensemble", 2, [], "different"),
 ])
