@@ -9,7 +9,7 @@ NP ?= 4
 OUT ?= runs/quick
 ARGS ?=
 
-.PHONY: run test setup clean test-unit test-mpi
+.PHONY: run test setup clean test-unit test-mpi opengate-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,5 +31,26 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest -q tests
 
+# opengate (10.x) and its Geant4 libraries (~3 GB) in a venv of their own, never in make test's path. GATEONRTD=1
+# keeps opengate's import from downloading Geant4 data sets (the stand-alone OptiGAN runs no Geant4).
+# benchmarks/opengate_roundtrip.py trains nothing: it exports RUN's checkpoint (or scores model_3341.pt alone).
+OG_VENV := .venv-opengate
+OG_PY   := $(OG_VENV)/bin/python
+OPENGATE_PIN ?= opengate>=10,<11
+OG_ARGS ?=
+
+$(OG_VENV)/.installed: pyproject.toml
+	test -x $(OG_PY) || $(PYTHON) -m venv $(OG_VENV)
+	$(OG_PY) -m pip install --quiet --upgrade pip
+	$(OG_PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(OG_PY) -m pip install --quiet "$(OPENGATE_PIN)" uproot pandas
+	$(OG_PY) -m pip install --quiet --no-deps -e .
+	$(OG_PY) -m pip install --quiet h5py pyyaml tqdm matplotlib pytest
+	touch $@
+
+opengate-check: $(OG_VENV)/.installed
+	GATEONRTD=1 timeout 1800 $(OG_PY) benchmarks/opengate_roundtrip.py $(OG_ARGS)
+	GATEONRTD=1 timeout 600 $(OG_PY) -m pytest -q tests/test_opengate_roundtrip.py
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(OG_VENV) runs

@@ -143,6 +143,7 @@ class OptiGAN(Environment):
         self._std: dict[str, np.ndarray] | None = None
         self._energy_range: tuple[float, float] | None = None
         self._quality_set: dict[str, Any] | None = None
+        self._heldout: tuple[np.ndarray, np.ndarray] | None = None  #: (photons, conditions) of the held-out set
         self._last: dict[str, torch.Tensor] = {}
         self._seed = int(seed)
         self.loader: str | None = None  #: cfg.loader resolved by select_subset ('auto' -> 'device' / 'dataloader')
@@ -184,10 +185,11 @@ class OptiGAN(Environment):
             from sagips.io.refdata import read_reference
 
             held, _ = read_reference(c.heldout_file, self.datasets)
-            self._quality_set = self._make_quality_set(held["photons"], held["conditions"], "heldout")
+            self._heldout = (held["photons"], held["conditions"])
         elif "heldout_photons" in arrays:
-            self._quality_set = self._make_quality_set(arrays["heldout_photons"], arrays["heldout_conditions"],
-                                                       "heldout")
+            self._heldout = (np.asarray(arrays["heldout_photons"]), np.asarray(arrays["heldout_conditions"]))
+        if self._heldout is not None:
+            self._quality_set = self._make_quality_set(*self._heldout, "heldout")
         else:
             self._quality_set = self._make_quality_set(photons, conds, "train")
         self._table = np.concatenate([photons, conds], axis=1)
@@ -210,10 +212,33 @@ class OptiGAN(Environment):
         else:  # dataloader: the workers read the rows from host memory (shared with them by fork)
             self.data = data
 
-    def _make_quality_set(self, photons: np.ndarray, conds: np.ndarray, kind: str) -> dict[str, Any]:
+    def heldout_set(self, n_points: int = 0) -> dict[str, Any]:
+        """The held-out quality set on `n_points` held-out emission points (0 = all): {"points", "a" (reference
+        halves), "b" (independent MC halves), "ceiling", "kind"}; a ValueError without a held-out set."""
+        if self._heldout is None:
+            raise ValueError("no held-out set: set environment.heldout_file, or heldout_points > 0 with the MC")
+        return self._make_quality_set(*self._heldout, "heldout", n_points)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of X, Y, dX, dY, dZ, EKine that output_bounds=reflect folds into (EKine: the training data's
+        [min, max] with energy_bounds, else unbounded), whatever output_bounds is set to."""
+        lo, hi = output_bounds(self.crystal(self.cfg))
+        if self.cfg.energy_bounds and self._energy_range is not None and self._energy_range[1] > self._energy_range[0]:
+            lo[5], hi[5] = self._energy_range
+        return lo, hi
+
+    def condition_box(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lo, hi, points): the box of the training conditions and the distinct training points (mm)."""
+        conds = self._table[:, PHOTON_DIM:] if self._table is not None else np.zeros((1, COND_DIM), np.float32)
+        points = np.unique(conds, axis=0)
+        return points.min(0), points.max(0), points
+
+    def _make_quality_set(self, photons: np.ndarray, conds: np.ndarray, kind: str,
+                          n_points: int | None = None) -> dict[str, Any]:
         c = self.cfg
         points, groups = group_by_condition(conds)
-        k = len(points) if c.quality_points == 0 else min(c.quality_points, len(points))
+        n_points = c.quality_points if n_points is None else n_points
+        k = len(points) if n_points == 0 else min(n_points, len(points))
         pick = np.unique(np.linspace(0, len(points) - 1, k).round().astype(int))
         shuffle = np.random.default_rng(QUALITY_SEED)
         ref_a, ref_b = [], []
@@ -235,10 +260,7 @@ class OptiGAN(Environment):
         if c.standardize and self._std is not None:
             G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
         if c.output_bounds == "reflect":
-            lo, hi = output_bounds(self.crystal(c))
-            if c.energy_bounds and self._energy_range is not None and self._energy_range[1] > self._energy_range[0]:
-                lo[5], hi[5] = self._energy_range
-            G.set_bounds(lo, hi)
+            G.set_bounds(*self.bounds())
             G.set_unit_direction(c.unit_direction)
         if c.init_generator:
             from .opengate import load_weights_into
@@ -350,12 +372,25 @@ class OptiGAN(Environment):
         qs = self._quality_set
         if qs is None:
             return {}
-        gen = self.sample(G, qs["points"], [len(b) for b in qs["b"]])
+        counts = [len(b) for b in qs["b"]]
+        gen = self.sample(G, qs["points"], counts)
         sim = similarity(gen, qs["a"], self.cfg.js_bins)
         ceil = qs["ceiling"]
-        return {"js": sim["mean"], "js_ceiling": ceil["mean"], "js_gap": ceil["mean"] - sim["mean"],
-                "js_features": sim["features"], "js_ceiling_features": ceil["features"],
-                "quality_set": qs["kind"], "quality_points": len(qs["points"])}
+        out = {"js": sim["mean"], "js_ceiling": ceil["mean"], "js_gap": ceil["mean"] - sim["mean"],
+               "js_features": sim["features"], "js_ceiling_features": ceil["features"],
+               "quality_set": qs["kind"], "quality_points": len(qs["points"])}
+        if isinstance(G, OptiGANGenerator) and (G.bounded or G.unit_direction):
+            # the same generator without its folds: the network alone, as an opengate export without distillation
+            # runs it (sagips.export distils the folds into the file and reports that file's own figure)
+            with unfolded(G):
+                raw = self.sample(G, qs["points"], counts)
+            sim_raw = similarity(raw, qs["a"], self.cfg.js_bins)
+            lo, hi = self.bounds()
+            outside = np.concatenate(raw)
+            outside = ((outside < lo) | (outside > hi)).any(1).mean()
+            out.update({"js_unfolded": sim_raw["mean"], "js_unfolded_features": sim_raw["features"],
+                        "unfolded_outside": float(outside)})
+        return out
 
     def combine_quality(self, per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         """The mean over the ranks' generators of their JS similarity (the ceiling is the same on every rank)."""
@@ -367,6 +402,11 @@ class OptiGAN(Environment):
         out["js_gap"] = out["js_ceiling"] - out["js"]
         out["js_features"] = {f: float(np.mean([q["js_features"][f] for q in per_rank])) for f in FEATURES}
         out["rank_js"] = [q["js"] for q in per_rank]
+        if all("js_unfolded" in q for q in per_rank):
+            out["js_unfolded"] = float(np.mean([q["js_unfolded"] for q in per_rank]))
+            out["js_unfolded_features"] = {f: float(np.mean([q["js_unfolded_features"][f] for q in per_rank]))
+                                           for f in FEATURES}
+            out["unfolded_outside"] = float(np.mean([q["unfolded_outside"] for q in per_rank]))
         return out
 
     def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:
@@ -377,11 +417,23 @@ class OptiGAN(Environment):
     def summary_table(self, q: dict[str, Any]) -> str:
         if not q:
             return ""
+        if "js_unfolded" not in q:
+            rows = [f"  JS similarity on {q['quality_points']} {q['quality_set']} point(s), percent",
+                    "  feature   GAN vs MC   MC vs MC (ceiling)", "  " + "-" * 40]
+            for f in FEATURES:
+                rows.append(f"  {f:8s}  {q['js_features'][f]:9.2f}   {q['js_ceiling_features'][f]:9.2f}")
+            rows.append(f"  mean      {q['js']:9.2f}   {q['js_ceiling']:9.2f}   (gap {q['js_gap']:.2f} points)")
+            return "\n".join(rows)
         rows = [f"  JS similarity on {q['quality_points']} {q['quality_set']} point(s), percent",
-                "  feature   GAN vs MC   MC vs MC (ceiling)", "  " + "-" * 40]
+                "  feature   folded (trained)   network alone   MC vs MC (ceiling)", "  " + "-" * 60]
         for f in FEATURES:
-            rows.append(f"  {f:8s}  {q['js_features'][f]:9.2f}   {q['js_ceiling_features'][f]:9.2f}")
-        rows.append(f"  mean      {q['js']:9.2f}   {q['js_ceiling']:9.2f}   (gap {q['js_gap']:.2f} points)")
+            rows.append(f"  {f:8s}  {q['js_features'][f]:16.2f}   {q['js_unfolded_features'][f]:13.2f}   "
+                        f"{q['js_ceiling_features'][f]:9.2f}")
+        rows.append(f"  mean      {q['js']:16.2f}   {q['js_unfolded']:13.2f}   {q['js_ceiling']:9.2f}   "
+                    f"(gap {q['js_gap']:.2f} points folded, {q['js_ceiling'] - q['js_unfolded']:.2f} alone)")
+        rows.append(f"  the network alone puts {100 * q['unfolded_outside']:.1f}% of its photons outside the bounds; "
+                    f"opengate runs the network alone: `python -m sagips.export` distils the folds into the file and "
+                    f"prints that file's figure beside this one")
         return "\n".join(rows)
 
 
@@ -426,6 +478,21 @@ class CountFrom(torch.utils.data.Sampler):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+class unfolded:
+    """`with unfolded(G):` G's folds (output_bounds, unit_direction) are off inside the block, restored after."""
+
+    def __init__(self, G: OptiGANGenerator):
+        self.G = G
+
+    def __enter__(self) -> OptiGANGenerator:
+        self.saved = (self.G.bounded, self.G.unit_direction)
+        self.G.bounded, self.G.unit_direction = False, False
+        return self.G
+
+    def __exit__(self, *exc) -> None:
+        self.G.bounded, self.G.unit_direction = self.saved
+
+
 def output_bounds(crystal) -> tuple[np.ndarray, np.ndarray]:
     """(lo, hi) of X, Y, dX, dY, dZ, EKine for a detected photon: the exit face, and the escape cone
     dZ >= cos θc (so |dX|, |dY| <= sin θc); the energy is left unbounded (+-inf)."""

@@ -12,7 +12,21 @@ lr/betas from run.json (paper values otherwise). SAGIPS checkpoints hold the gen
 the trainer's full state of the same rank and epoch (`state/rank{R}/epoch{E}.pt`, kept for --resume) when it
 exists (a state file may also be given as CHECKPOINT), else it is an untrained one of the right layout. After
 writing, the file is reloaded with torch.load(weights_only=True) into a plain opengate-layout generator and
-checked to reproduce the SAGIPS generator's outputs.
+checked to reproduce the network it was made from.
+
+Folds (issue 24). A run trained with `output_bounds: reflect` (and `energy_bounds`) scores its generator *with* the
+folds, but opengate runs the plain network and applies no fold. So for such a run the export *distils*: it fits a
+plain network of opengate's layout to the folded generator (`exported.distill`, `--distill-steps`, default
+DISTILL_STEPS; 0 = write the plain network as it is). Then, unless `--no-check`, it samples the written file as
+opengate does (noise N(0, 1), raw condition, raw output) on every held-out point of the run, beside the run's own
+folded generator with the same noise, and prints both figures and the MC-vs-MC ceiling. When the file is worse
+than the run's generator by more than `--max-loss` (0.5) point, nothing is written and the export fails with the
+measured loss (`--force` writes it all the same, with a warning). The check needs the run directory (run.json) to
+make the reference data again (the run's seed; about 30 s for the quick preset).
+
+`--origin X Y Z`: the GATE world position (mm) of this project's origin (the crystal axis at its back face; see
+mc.py). opengate passes the gamma's *global* position as the condition; the shift is written into the first
+layer's bias (exact), so that the file takes GATE's coordinates.
 """
 from __future__ import annotations
 
@@ -24,8 +38,18 @@ from pathlib import Path
 
 import torch
 
-from .nets import OptiGANCritic, OptiGANGenerator
-from .opengate import PlainGenerator, generator_dims, opengate_checkpoint
+from .nets import COND_DIM, OptiGANCritic, OptiGANGenerator
+from .opengate import PlainGenerator, generator_dims, opengate_checkpoint, shift_conditions
+
+#: distillation steps of batch DISTILL_BATCH when the run trained with folds (docs/benchmarks/optigan.md, "Export")
+DISTILL_STEPS = 3000
+DISTILL_BATCH = 2048
+#: the largest JS loss (points) of the written file against the run's own generator before the export refuses
+MAX_LOSS = 0.5
+
+
+class ExportRefused(RuntimeError):
+    """The exported file is worse than the run's generator by more than the allowed loss."""
 
 
 def _run_dir(checkpoint: Path) -> Path | None:
@@ -102,10 +126,19 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     return G, ck
 
 
-def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4) -> dict:
-    """Write the opengate file for `checkpoint` to `out`, verify it, and return what was written (without tensors)."""
+def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4, distill_steps: int | None = None,
+                    check: bool = True, max_loss: float = MAX_LOSS, force: bool = False,
+                    origin: tuple[float, float, float] | None = None, distill_batch: int = DISTILL_BATCH,
+                    log=None) -> dict:
+    """Write the opengate file for `checkpoint` to `out`, verify it, and return what was written (without tensors).
+
+    `distill_steps`: None = DISTILL_STEPS when the run trained with folds, else 0. `check`: score the file against
+    the run's generator on the run's held-out points (needs run.json); raises ExportRefused (nothing written) when
+    it is worse by more than `max_loss` points, unless `force`. `origin`: GATE world position of the SAGIPS origin.
+    """
     from sagips.io.atomic import atomic_open
 
+    say = log or (lambda m: None)
     checkpoint = Path(checkpoint)
     G, ck = load_sagips_generator(checkpoint)
     noise_dim, hidden = G.noise_dim, G.model[0].out_features
@@ -123,12 +156,47 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4)
     epoch = int(ck.get("epoch", 0))
     run_dir = _run_dir(checkpoint)
     config = _run_config(run_dir)
+    folds = output_folds(config)
     lr, betas, loss_g, loss_d = _run_settings(run_dir, config, epoch)
-    payload = opengate_checkpoint(G, D, epoch=epoch, generator_loss=loss_g, discriminator_loss=loss_d, lr=lr,
-                                  betas=betas)
+    if distill_steps is None:
+        distill_steps = DISTILL_STEPS if folds else 0
+    if distill_steps > 0 and not config:
+        raise ValueError(f"{checkpoint}: distillation needs the run's run.json (the folds and the conditions come "
+                         f"from it); keep the checkpoint in its run directory, or pass --distill-steps 0")
+    env = folded = None
+    if config and (check or distill_steps > 0):
+        from .exported import environment_for_config, folded_generator
+
+        say("making the run's reference data again (its seed) for the check")
+        env, _ = environment_for_config(config)
+        folded = folded_generator(env, ck["generator"])
+    exported_G, distilled = G, None
+    if distill_steps > 0:
+        from .exported import distill
+
+        box_lo, box_hi, points = env.condition_box()
+        say(f"distilling the folds ({', '.join(folds) or 'none'}) into opengate's plain layout: {distill_steps} "
+            f"steps of {distill_batch} rows")
+        distilled = distill(folded, box_lo, box_hi, points, steps=distill_steps, batch=distill_batch, seed=0, log=say)
+        exported_G = distilled["student"]
+    payload = opengate_checkpoint(exported_G, D, epoch=epoch, generator_loss=loss_g, discriminator_loss=loss_d,
+                                  lr=lr, betas=betas)
+    quality = None
+    if check and env is not None:
+        quality = compare_with_run(env, folded, payload)
+        quality["logged_js"] = _logged_js(run_dir, epoch)
+        loss = quality["loss"]
+        if loss > max_loss and not force:
+            raise ExportRefused(
+                f"the exported file scores JS {quality['export']['js']:.2f}% against the run's own generator's "
+                f"{quality['run']['js']:.2f}% (loss {loss:.2f} points > {max_loss}; ceiling "
+                f"{quality['run']['js_ceiling']:.2f}%, raw outputs outside the bounds "
+                f"{100 * quality['export']['outside']:.1f}%): not written; raise --distill-steps, or --force")
+    if origin is not None:  # after the check, which samples in the SAGIPS frame
+        payload["generator_state_dict"] = shift_conditions(payload["generator_state_dict"], noise_dim, origin)
     with atomic_open(out, "wb") as fh:
         torch.save(payload, fh)
-    # verify: what opengate would do (weights_only load, strict load into its layout) reproduces G
+    # verify: what opengate would do (weights_only load, strict load into its layout) reproduces the network
     back = torch.load(out, map_location="cpu", weights_only=True)
     plain = PlainGenerator(noise_dim, hidden)
     plain.load_state_dict(back["generator_state_dict"])
@@ -136,14 +204,51 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4)
                    torch.rand(4096, 3, generator=torch.Generator().manual_seed(1)) * torch.tensor([1.5, 1.5, 3.0])],
                   dim=1)
     with torch.no_grad():
-        ref = G(x)
-        err = float((plain(x) - ref).abs().max())
+        ref = exported_G(x)
+        x_in = x if origin is None else x + torch.cat([torch.zeros(noise_dim), torch.as_tensor(origin)]).float()
+        err = float((plain(x_in) - ref).abs().max())
         tol = atol * max(1.0, float(ref.abs().max()))
     if not err <= tol:
         raise RuntimeError(f"export check failed: the exported generator differs by {err:g}")
     return {"epoch": epoch, "lr": lr, "betas": betas, "generator_loss": loss_g, "discriminator_loss": loss_d,
             "critic": "trained (from the run's state)" if D is not None else "untrained (no state file for this epoch)",
-            "max_abs_diff": err, "folds": output_folds(config)}
+            "max_abs_diff": err, "folds": folds, "origin": origin,
+            "distill": None if distilled is None else {k: v for k, v in distilled.items() if k != "student"},
+            "quality": quality}
+
+
+def compare_with_run(env, folded: OptiGANGenerator, payload: dict, seed: int = 7) -> dict:
+    """The written file (sampled as opengate samples it) beside the run's own folded generator, with the same noise
+    on every held-out point of the run: {"run": score, "export": score, "loss": run js - export js}."""
+    from .env import unfolded
+    from .exported import load_plain, sample_like_opengate, score_samples
+
+    qs = env.heldout_set(0)
+    lo, hi = env.bounds()
+    counts = [len(b) for b in qs["b"]]
+    bins = env.cfg.js_bins
+    runs = score_samples(sample_like_opengate(folded, qs["points"], counts, seed), qs["a"], qs["b"], bins, lo, hi)
+    with unfolded(folded):
+        alone = score_samples(sample_like_opengate(folded, qs["points"], counts, seed), qs["a"], qs["b"], bins, lo,
+                              hi)
+    exp = score_samples(sample_like_opengate(load_plain(payload), qs["points"], counts, seed), qs["a"], qs["b"],
+                        bins, lo, hi)
+    return {"run": runs, "alone": alone, "export": exp, "loss": runs["js"] - exp["js"], "points": len(qs["points"]),
+            "photons": counts[0]}
+
+
+def _logged_js(run_dir: Path | None, epoch: int) -> float | None:
+    """The run's logged js at `epoch` (metrics.jsonl), or None."""
+    if run_dir is None or not (run_dir / "metrics.jsonl").exists():
+        return None
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("epoch") == epoch and "js" in rec:
+            return float(rec["js"])
+    return None
 
 
 def main(argv=None) -> int:
@@ -151,18 +256,63 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoints/rank{R:04d}/epoch{E:07d}.pt of an optigan run")
     p.add_argument("--format", choices=("opengate",), default="opengate", help="output format (opengate)")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="output file (written atomically)")
+    p.add_argument("--distill-steps", type=int, default=None, metavar="N",
+                   help=f"distillation steps when the run trained with folds (default {DISTILL_STEPS}; 0 = write "
+                        f"the plain network as it is)")
+    p.add_argument("--no-check", action="store_true", help="do not score the file against the run's generator")
+    p.add_argument("--max-loss", type=float, default=MAX_LOSS, metavar="POINTS",
+                   help=f"refuse when the file's JS is below the run's generator's by more (default {MAX_LOSS})")
+    p.add_argument("--force", action="store_true", help="write the file even when it is worse than --max-loss")
+    p.add_argument("--origin", type=float, nargs=3, metavar=("X", "Y", "Z"), default=None,
+                   help="GATE world position (mm) of the SAGIPS origin (crystal axis at its back face): the file "
+                        "then takes GATE's global coordinates as conditions (docs/optigan.md)")
     args = p.parse_args(argv)
+    if args.distill_steps is not None and args.distill_steps < 0:
+        print("sagips.export: error: --distill-steps must be >= 0", file=sys.stderr)
+        return 2
     try:
-        info = export_opengate(args.checkpoint, args.out)
+        info = export_opengate(args.checkpoint, args.out, distill_steps=args.distill_steps, check=not args.no_check,
+                               max_loss=args.max_loss, force=args.force,
+                               origin=tuple(args.origin) if args.origin else None,
+                               log=lambda m: print(f"sagips.export: {m}", file=sys.stderr, flush=True))
+    except ExportRefused as e:
+        print(f"sagips.export: error: {e}", file=sys.stderr)
+        return 3
     except (OSError, ValueError, RuntimeError) as e:
         print(f"sagips.export: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out} (opengate optiGAN format, epoch {info['epoch']}; critic: {info['critic']}; "
-          f"max |difference| vs the SAGIPS generator {info['max_abs_diff']:.2e})")
-    if info["folds"]:
-        print(f"sagips.export: note: this run trained with environment.{', '.join(info['folds'])}; those folds act "
-              f"after the network and opengate's layout has no place for them, so opengate runs the unfolded "
-              f"network: apply them to its output (docs/optigan.md, 'Output bounds')", file=sys.stderr)
+          f"max |difference| vs the network written {info['max_abs_diff']:.2e})")
+    if info["distill"]:
+        d = info["distill"]
+        print(f"distilled the folds ({', '.join(info['folds'])}) into the plain network: {d['steps']} steps, "
+              f"regression mse {d['mse']:.3g} (standardised units), {d['seconds']:.0f} s")
+    elif info["folds"]:
+        print(f"sagips.export: warning: this run trained with environment.{', '.join(info['folds'])} and the file "
+              f"holds the network without them (--distill-steps 0): opengate applies no fold", file=sys.stderr)
+    q = info["quality"]
+    if q:
+        r, x = q["run"], q["export"]
+        print(f"JS similarity on {q['points']} held-out points x {q['photons']} photons, sampled as opengate samples:")
+        a = q["alone"]
+        print("  feature   run's generator   its network alone   exported file   MC vs MC (ceiling)")
+        for f in r["js_features"]:
+            print(f"  {f:8s}  {r['js_features'][f]:15.2f}   {a['js_features'][f]:17.2f}   "
+                  f"{x['js_features'][f]:13.2f}   {r['js_ceiling_features'][f]:9.2f}")
+        print(f"  mean      {r['js']:15.2f}   {a['js']:17.2f}   {x['js']:13.2f}   {r['js_ceiling']:9.2f}   "
+              f"(file - run: {-q['loss']:+.2f} points; file's gap to the ceiling {x['js_ceiling'] - x['js']:.2f})")
+        print(f"  raw outputs outside the crystal's bounds: the network alone {100 * a['outside']:.1f}%, "
+              f"the exported file {100 * x['outside']:.1f}%")
+        if q["logged_js"] is not None:
+            print(f"  (the run logged js {q['logged_js']:.2f}% at this epoch, on its quality points)")
+        if q["loss"] > args.max_loss:
+            print(f"sagips.export: WARNING: the file written is worse than the run's generator by {q['loss']:.2f} "
+                  f"points of JS (> {args.max_loss}), written anyway (--force)", file=sys.stderr)
+    elif not args.no_check:
+        print("sagips.export: the file was not scored against the run (no run.json beside the checkpoint)",
+              file=sys.stderr)
+    if info["origin"]:
+        print(f"conditions are in GATE's frame: SAGIPS origin at {info['origin']} mm")
     return 0
 
 

@@ -137,3 +137,14 @@ def save_opengate(path: str | os.PathLike, G: OptiGANGenerator, D: OptiGANCritic
     payload = opengate_checkpoint(G, D, **kw)
     with atomic_open(path, "wb") as fh:
         torch.save(payload, fh)
+
+
+def shift_conditions(state: dict[str, torch.Tensor], noise_dim: int, origin) -> dict[str, torch.Tensor]:
+    """A raw-units generator state dict that takes conditions in a frame whose origin lies at `origin` (mm) in the
+    new frame: plain'(z, c) = plain(z, c - origin), written exactly into the first layer's bias
+    (b0 <- b0 - W0[:, conditions] @ origin)."""
+    o = torch.as_tensor(origin, dtype=torch.float64).reshape(COND_DIM)
+    out = dict(state)
+    w = state["model.0.weight"].double()[:, noise_dim:]
+    out["model.0.bias"] = (state["model.0.bias"].double() - w @ o).float().contiguous()
+    return out
