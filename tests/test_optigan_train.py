@@ -75,7 +75,9 @@ def test_export_cli_of_a_trained_checkpoint(run, tmp_path, capsys):
 
 
 def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
-    """A run trained with output folds (the quick preset) exports the unfolded network: say so, name the keys."""
+    """A run trained with output folds (the quick preset), exported without distillation (--distill-steps 0, the
+    plain network as it is): warn that opengate applies no fold, and name the keys. (The default, distillation, is
+    tested in test_optigan_export_folds.py.)"""
     import json
     import shutil
 
@@ -89,9 +91,10 @@ def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
     cfg = config_to_dict(trainer.cfg)
     cfg["environment"].update(output_bounds="reflect", energy_bounds=True, unit_direction=False)
     (tmp_path / "run.json").write_text(json.dumps({"config": cfg}))
-    assert export_main([str(ckpt), "--out", str(tmp_path / "model.pt")]) == 0
+    assert export_main([str(ckpt), "--out", str(tmp_path / "model.pt"), "--distill-steps", "0", "--no-check"]) == 0
     err = capsys.readouterr().err
-    assert "note: this run trained with environment.output_bounds=reflect, energy_bounds=true;" in err
+    assert ("warning: this run trained with environment.output_bounds=reflect, energy_bounds=true and the file holds "
+            "the network without them (--distill-steps 0): opengate applies no fold") in err
     assert "unit_direction" not in err and err.count("\n") == 1
 
 
