@@ -56,9 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))  # sim.py, the model
 
+from sim import MODES, Link, Profile, project, simulate  # noqa: E402  (benchmarks/sim.py; MODES: those it models)
+
 from sagips.comm import waitpolicy  # noqa: E402
-from sagips.config import MODES  # noqa: E402
-from sim import Link, Profile, project, simulate  # noqa: E402  (benchmarks/sim.py)
 
 DOCS = REPO / "docs" / "benchmarks"
 MEASUREMENTS = DOCS / "scaling_measurements.json"

@@ -66,7 +66,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from sagips.comm import waitpolicy  # the watchdog's wait loop, in numbers
-from sagips.config import MODES  # the one definition of the mode names
+from sagips.config import MODES as _ALL_MODES  # the one definition of the mode names
+
+#: the modes this model simulates: every mode but hvd, whose critic exchange (an Allreduce per critic step) it
+#: does not model
+MODES = tuple(m for m in _ALL_MODES if m != "hvd")
 RINGS = ("whole", "chunked")
 
 

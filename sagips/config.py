@@ -23,7 +23,9 @@ import yaml
 from sagips.errors import ConfigError  # noqa: F401  (re-exported; defined apart so that sagips.environment needs
 #                                        no import of this module, which imports the environment registry)
 
-MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar")
+MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar", "hvd")
+#: the modes with inner groups and outer epochs (comm.inner_size, comm.outer_every, comm.outer_sync)
+GROUPED_MODES = ("arar-arar", "rma-arar-arar")
 
 
 def _meta(help: str, **checks: Any) -> dict:
@@ -69,6 +71,10 @@ class TrainConfig:
     ema: float = opt(0.0, "decay of an exponential moving average of the generator's weights (e.g. 0.999), kept on "
                      "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "
                      "training states keep both; 0 = off (the paper)", min=0.0, max=0.999999)
+    split_batch: bool = opt(False, "eq. 10 of the paper: divide the environment's batch (Environment.batch_key: "
+                            "proxy1d's param_samples, optiGAN's batch_size) by the ranks whose gradients are averaged "
+                            "(the world size in every mode but ensemble), so that the effective batch stays that of "
+                            "one rank; run.json records both")
     fused_adam: bool = opt(True, "use the fused Adam kernel where torch has one for the device (CUDA; CPU since "
                            "torch 2.4), else the default Adam")
     chunk_rows: int = opt(-1, "critic passes in chunks of this many rows, each chunk's forward and backward back to "
@@ -87,7 +93,13 @@ class CommConfig:
     outer_every: int = opt(1000, "h: the leaders' (outer) ring runs every h epochs", min=1)
     ring: str = opt("whole", "'whole' (paper: N-1 hops of the full buffer) or 'chunked' (reduce-scatter + all-gather)",
                     choices=("whole", "chunked"))
-    exchange_bias: bool = opt(False, "also exchange bias gradients (the paper exchanges weight gradients only)")
+    exchange_bias: bool = opt(False, "also exchange bias gradients (the paper exchanges weight gradients only; "
+                              "mode hvd averages every parameter of both networks)")
+    outer_sync: str = opt("gradients", "what an outer epoch of the grouped modes shares: 'gradients' (the paper: the "
+                          "leaders' ring of the inner means, one shared step) or 'weights' (the generator's weights "
+                          "and Adam moments averaged over all ranks after the step, as torch's "
+                          "HierarchicalModelAverager and DiLoCo do: the groups' generators become identical again)",
+                          choices=("gradients", "weights"))
     max_staleness: int = opt(10, "RMA: drop a contribution older than this many epochs", min=0)
     timeout_s: float = opt(300.0, "watchdog: abort the job if a rank waits longer than this in an exchange (0 = never)",
                            min=0.0)
@@ -336,6 +348,9 @@ def build_config(raw: dict) -> Config:
         raise ConfigError(f"environment keys without environment.name were read as {DEFAULT_ENVIRONMENT}'s ({e}); "
                           f"set environment.name to your environment") from None
     cfg.environment.name = name
+    if cfg.comm.outer_sync != "gradients" and cfg.mode not in GROUPED_MODES:
+        raise ConfigError(f"comm.outer_sync={cfg.comm.outer_sync} needs a mode with outer epochs "
+                          f"({' or '.join(GROUPED_MODES)}), not {cfg.mode}")
     return cfg
 
 

@@ -71,6 +71,9 @@ class Environment(abc.ABC):
     #: indices of the reference rows this rank keeps (saved in the training state; --resume restores them through
     #: `select_subset`); None where the environment keeps no subset
     subset_idx: Optional[np.ndarray] = None
+    #: the field of the environment's Config that holds the batch per step (what train.split_batch divides by the
+    #: ranks whose gradients are averaged, eq. 10 of the paper); None: the environment cannot split its batch
+    batch_key: ClassVar[Optional[str]] = None
     n_critic: int = 1  #: critic steps per generator step
     #: rows per chunk of the critic's passes (set by the trainer from train.chunk_rows; 0 = whole batch); see
     #: `critic_loss` and sagips/chunked.py

@@ -40,7 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "the paper's proxy 1D settings (or the chosen environment's own defaults)")
     p.add_argument("--mode", choices=MODES, help="gradient exchange: ensemble (none), allreduce (synchronous "
                    "MPI_Allreduce), arar (one ring over all ranks), arar-arar (ring per node + leaders' ring every "
-                   "comm.outer_every epochs), rma-arar-arar (the inner ring through MPI one-sided windows)")
+                   "comm.outer_every epochs), rma-arar-arar (the inner ring through MPI one-sided windows), hvd "
+                   "(the paper's Horovod baseline: one data-parallel GAN, generator and critic gradients averaged, "
+                   "all data)")
     p.add_argument("--epochs", type=int, metavar="N", help="training epochs (train.epochs)")
     p.add_argument("--output-dir", metavar="DIR", help="where outputs go (output_dir)")
     p.add_argument("--seed", type=int, metavar="S", help="base random seed (seed)")
@@ -338,9 +340,38 @@ def _place(r: _Run) -> None:
 
         retain_freed_memory()
     r.env_cls = get_environment(r.cfg.environment.name)
+    averaged = 1 if (r.cfg.mode == "ensemble" and r.peer is None) else r.comm.size
+    r.env_cfg, r.batch = data_parallel_settings(r.cfg, r.env_cls, averaged)
     r.torch_seed, r.np_seed = rank_seeds(r.cfg.seed, r.member, r.comm.rank)
     torch.manual_seed(r.torch_seed)
     r.phase("imports")
+
+
+def data_parallel_settings(cfg, env_cls, averaged: int) -> tuple[object, dict | None]:
+    """The environment's config as this run uses it, and the batch record of run.json (None where the environment
+    names no batch, Environment.batch_key). Mode hvd trains every rank on all the reference data (the paper's
+    Horovod baseline: subset_fraction 1); train.split_batch divides the batch by the `averaged` ranks whose gradients
+    are averaged (eq. 10). A changed copy: cfg keeps what the user asked for (run.json, and --resume derives the same
+    again)."""
+    import copy
+
+    env_cfg = copy.copy(cfg.environment)
+    if cfg.mode == "hvd" and hasattr(env_cfg, "subset_fraction"):
+        env_cfg.subset_fraction = 1.0
+    key = getattr(env_cls, "batch_key", None)
+    if not key or not hasattr(env_cfg, key):
+        if cfg.train.split_batch:
+            raise ConfigError(f"train.split_batch: environment {cfg.environment.name!r} names no batch to split; set "
+                              f"its Environment.batch_key to the field of its config that holds the batch per step")
+        return env_cfg, None
+    full = int(getattr(env_cfg, key))
+    per_rank = full // averaged if cfg.train.split_batch else full
+    if per_rank < 1:
+        raise ConfigError(f"train.split_batch: environment.{key}={full} is smaller than the {averaged} ranks whose "
+                          f"gradients are averaged; raise it to at least {averaged}, or drop train.split_batch")
+    setattr(env_cfg, key, per_rank)
+    return env_cfg, {"key": f"environment.{key}", "split": bool(cfg.train.split_batch), "requested": full,
+                     "ranks_averaged": averaged, "per_rank": per_rank, "effective": per_rank * averaged}
 
 
 def _load_data(r: _Run) -> None:
@@ -351,13 +382,13 @@ def _load_data(r: _Run) -> None:
     from sagips.io.refdata import read_reference
 
     cfg, env_cls = r.cfg, r.env_cls
-    r.data_file = data_file = getattr(cfg.environment, "data_file", None)
+    r.data_file = data_file = getattr(r.env_cfg, "data_file", None)
 
     def make():
         if data_file:
             data = read_reference(data_file, env_cls.datasets)
         else:
-            data = env_cls.generate_reference(cfg.environment, cfg.seed)
+            data = env_cls.generate_reference(r.env_cfg, cfg.seed)
         import torch._dynamo  # noqa: F401  (see below)
         return data
 
@@ -368,7 +399,7 @@ def _load_data(r: _Run) -> None:
     if r.world.rank != 0:
         import torch._dynamo  # noqa: F401
     arrays, attrs = broadcast_arrays(r.world, make)
-    r.env = env_cls(cfg.environment, r.device, seed=r.torch_seed)
+    r.env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
     r.env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
     del arrays
     r.phase("reference_data")
@@ -408,10 +439,18 @@ def _build_exchange(r: _Run) -> None:
 
         r.topo = build_topology(comm, cfg.comm.inner_size or None)
         broadcast_module(comm, trainer.G)  # replicas start identical
+        timeout_s = cfg.comm.timeout_s or None
         r.exchange = build_exchange(cfg.mode, r.topo, trainer.grads.n, ring=cfg.comm.ring,
                                     outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
-                                    timeout_s=cfg.comm.timeout_s or None)
+                                    timeout_s=timeout_s, outer_sync=cfg.comm.outer_sync)
         trainer.exchange = r.exchange
+        if cfg.mode == "hvd":  # one data-parallel GAN: the critics start identical and average their gradients too
+            broadcast_module(comm, trainer.D)
+            trainer.d_exchange = build_exchange("allreduce", r.topo, trainer.d_grads.n, timeout_s=timeout_s)
+        if cfg.comm.outer_sync == "weights":
+            from sagips.comm.modes import WeightAverage
+
+            trainer.average_weights = WeightAverage(r.topo.world, cfg.comm.outer_every, timeout_s)
     r.phase("exchange")
 
 
@@ -424,7 +463,8 @@ def _describe(r: _Run) -> None:
         "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
-        "events_per_epoch": env.events_per_epoch,
+        "events_per_epoch": env.events_per_epoch, "batch": r.batch,
+        "reference_fraction": getattr(r.env_cfg, "subset_fraction", None),
         "n_critic": env.n_critic, "generator_params": n_params,
         "exchanged_floats": (trainer.grads.n if r.topo is not None else n_params if r.peer is not None else 0),
         "layout": (r.topo.describe() if r.topo is not None else

@@ -133,7 +133,14 @@ class Trainer:
         scaling = self.amp_dtype == torch.float16
         self.scaler_d = torch.amp.GradScaler(env.device.type, enabled=scaling)
         self.scaler_g = torch.amp.GradScaler(env.device.type, enabled=scaling)
-        self.grads = GradBuffer(self.G, exchange_bias=cfg.comm.exchange_bias)
+        hvd = cfg.mode == "hvd"  # the paper's Horovod baseline: every parameter of both networks is averaged
+        self.grads = GradBuffer(self.G, exchange_bias=cfg.comm.exchange_bias or hvd)
+        #: hvd: the critic's gradients in one flat buffer, averaged by d_exchange (set by sagips.run) every step
+        self.d_grads = GradBuffer(self.D, exchange_bias=True) if hvd else None
+        self.d_exchange: Exchange | None = None
+        #: comm.outer_sync=weights (sagips.comm.modes.WeightAverage, set by sagips.run): on its outer epochs the
+        #: generator's weights and Adam moments are replaced by their mean over all ranks after the step
+        self.average_weights = None
         self.state = TrainState()
         self.delay_s = cfg.pipeline.delay_s if rank in cfg.pipeline.delay_ranks else 0.0
         self.fail_epoch = cfg.pipeline.fail_epoch if rank in cfg.pipeline.fail_ranks else 0
@@ -273,6 +280,9 @@ class Trainer:
                     fake = env.synthesize(G, real)
                 with self._autocast():
                     loss_d = env.d_loss(D, real, fake)
+                if self.d_exchange is not None:
+                    bad_d += self._exchanged_critic_step(loss_d, epoch)
+                    continue
                 self.opt_d.zero_grad(set_to_none=True)
                 if not torch.isfinite(loss_d):  # never let a non-finite loss reach the discriminator's weights
                     bad_d += 1
@@ -326,6 +336,9 @@ class Trainer:
             elif finite:
                 self.scaler_g.step(self.opt_g)
             self.scaler_g.update()  # the loss scale still backs off on this rank's own overflow
+            if self.average_weights is not None and self.average_weights.due(epoch):
+                with rng(EXCHANGE):
+                    self._average_weights(epoch)
             if self.cfg.train.ema > 0:
                 self.update_ema()
         if self.bad_steps >= self.cfg.train.max_bad_steps:
@@ -333,6 +346,50 @@ class Trainer:
                                  f"gradients (epoch {epoch}, train.max_bad_steps={self.cfg.train.max_bad_steps}); "
                                  f"lower the learning rates or check the pipeline and data")
         return {"loss_d": loss_d, "loss_g": loss_g, **extras, **stats}
+
+    def _exchanged_critic_step(self, loss_d: torch.Tensor, epoch: int) -> int:
+        """hvd: one critic step on the gradient averaged over all ranks (like the generator's: a rank whose loss or
+        gradient is not finite contributes zeros with weight 0 and still takes part). Returns 1 for a bad loss."""
+        g = self.d_grads
+        g.zero_()
+        finite = bool(torch.isfinite(loss_d))
+        if finite:
+            self.scaler_d.scale(loss_d).backward()
+            self.scaler_d.unscale_(self.opt_d)
+            if not g.is_finite():
+                g.zero_()
+                finite = False
+        buf = g.offload()
+        self.d_exchange(buf, epoch, weight=1.0 if finite else 0.0)
+        g.load_back()
+        if g.is_finite() and bool(g.flat.any()):  # as for the generator: every rank steps on the same mean
+            self.opt_d.step()
+        if bool(torch.isfinite(loss_d)):
+            self.scaler_d.update()
+        return int(not bool(torch.isfinite(loss_d)))
+
+    @torch.no_grad()
+    def _average_weights(self, epoch: int) -> None:
+        """comm.outer_sync=weights: the generator's weights and Adam moments <- their mean over all ranks (one
+        Allreduce of one flat float32 buffer). Moments that this rank has not made yet count as zeros and are not
+        written back."""
+        G = getattr(self.G, "module", self.G)
+        params = list(G.parameters())
+        tensors = [p.data for p in params]
+        for p in params:
+            st = self.opt_g.state.get(p, {})
+            tensors += [st.get(k, torch.zeros_like(p)) for k in ("exp_avg", "exp_avg_sq")]
+        flat = torch.cat([t.reshape(-1).float() for t in tensors]).cpu().numpy()
+        self.average_weights(flat, epoch)
+        back = torch.from_numpy(flat)
+        offset = 0
+        for i, t in enumerate(tensors):
+            k = t.numel()
+            owner = params[i] if i < len(params) else params[(i - len(params)) // 2]
+            key = None if i < len(params) else ("exp_avg", "exp_avg_sq")[(i - len(params)) % 2]
+            if key is None or key in self.opt_g.state.get(owner, {}):
+                t.copy_(back[offset:offset + k].view_as(t))
+            offset += k
 
     # ------------------------------------------------------------------------------------------------ the run
     def fit(self, progress: bool = True) -> TrainState:

@@ -131,6 +131,7 @@ class OptiGANConfig:
 
 class OptiGAN(Environment):
     name = "optigan"
+    batch_key = "batch_size"  #: train.split_batch divides it (eq. 10)
     Config = OptiGANConfig
     datasets = {"photons": PHOTON_DIM, "conditions": COND_DIM}
 

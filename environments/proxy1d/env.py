@@ -73,6 +73,7 @@ class Proxy1DConfig:
 
 class Proxy1D(Environment):
     name = "proxy1d"
+    batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
     Config = Proxy1DConfig
     datasets = {"events": 2}
 

@@ -1,4 +1,5 @@
-"""The five exchange modes (paper Tab. II), each a few lines composing topology, Ring and RmaExchange.
+"""The exchange modes (paper Tab. II, and hvd, the Horovod baseline), each a few lines composing topology, Ring and
+RmaExchange.
 
     exchange = build_exchange(cfg.mode, topo, n=grad_buffer.size, ring=cfg.comm.ring,
                               outer_every=cfg.comm.outer_every, max_staleness=cfg.comm.max_staleness,
@@ -12,6 +13,11 @@
     arar            one ring over all ranks, every epoch
     arar-arar       ring inside each inner group every epoch; on an outer epoch also the leaders' ring + broadcast
     rma-arar-arar   RMA inside each inner group every epoch; on an outer epoch the same leaders' ring + broadcast
+    hvd             the paper's Horovod baseline: MPI Allreduce over all ranks, of the generator's AND the critic's
+                    gradients (the trainer builds a second Allreduce for the critic; every rank has all the data)
+
+comm.outer_sync=weights (grouped modes): an outer epoch runs the inner step only, and after the optimizer step
+`WeightAverage` replaces the generator's weights and Adam moments with their mean over all ranks.
 
 Outer epoch (epoch % outer_every == 0), after the inner step: the leaders (inner rank 0) run a ring weighted by
 their group sizes (each contributes g * group_mean; the result is divided by sum g = world size), then each leader
@@ -89,14 +95,22 @@ class RingMean:
 class Grouped:
     """inner step every epoch, then on outer epochs the leaders' weighted ring and a broadcast into the group."""
 
-    def __init__(self, topo: Topology, inner, outer_ring: Ring | None, outer_every: int, timeout_s):
+    def __init__(self, topo: Topology, inner, outer_ring: Ring | None, outer_every: int, timeout_s,
+                 outer_sync: str = "gradients"):
         if outer_every < 1:
             raise ValueError(f"comm.outer_every={outer_every} must be >= 1")
+        if outer_sync not in ("gradients", "weights"):
+            raise ValueError(f"comm.outer_sync={outer_sync!r} is not 'gradients' or 'weights'")
         self.topo, self.inner, self.outer_ring = topo, inner, outer_ring
-        self.outer_every, self.timeout_s = outer_every, timeout_s
+        self.outer_every, self.timeout_s, self.outer_sync = outer_every, timeout_s, outer_sync
 
     def __call__(self, buf, epoch, weight=1.0):
         stats = self.inner(buf, epoch, weight)
+        if epoch % self.outer_every == 0 and self.outer_sync == "weights":
+            # the weights are averaged after the step (WeightAverage): every older gradient belongs to old weights
+            if hasattr(self.inner, "consumed"):
+                self.inner.consumed(epoch)
+            return {**stats, "outer": 1}
         if epoch % self.outer_every == 0:
             if self.outer_ring is not None:  # leaders only
                 # a leader stands for the contributions its group mean holds (the group size when all are good)
@@ -110,6 +124,22 @@ class Grouped:
 
     def free(self):
         self.inner.free()
+
+
+class WeightAverage:
+    """comm.outer_sync=weights: on outer epochs (epoch % outer_every == 0), buf <- its mean over all ranks, with MPI's
+    Allreduce (every rank receives the same bytes). The trainer flattens into buf what it averages (the generator's
+    weights and Adam moments) and loads the result back."""
+
+    def __init__(self, world, outer_every: int, timeout_s):
+        self.world, self.outer_every, self.timeout_s = world, outer_every, timeout_s
+
+    def due(self, epoch: int) -> bool:
+        return epoch % self.outer_every == 0
+
+    def __call__(self, buf: np.ndarray, epoch: int) -> None:
+        watchdog.allreduce_sum(self.world, buf, timeout_s=self.timeout_s, what="outer weight average", epoch=epoch)
+        buf /= np.float32(self.world.Get_size())
 
 
 class _RmaStep:
@@ -138,7 +168,8 @@ class _RmaStep:
 
 
 def build_exchange(mode: str, topo: Topology, n: int, *, ring: str = "whole", outer_every: int = 1000,
-                   max_staleness: int = 10, timeout_s: float | None = 300.0) -> Exchange:
+                   max_staleness: int = 10, timeout_s: float | None = 300.0,
+                   outer_sync: str = "gradients") -> Exchange:
     """The exchange callable of `mode` for buffers of `n` float32. Collective over topo.world."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not one of {MODES}")
@@ -151,11 +182,12 @@ def build_exchange(mode: str, topo: Topology, n: int, *, ring: str = "whole", ou
 
     if mode == "ensemble":
         return Ensemble()
-    if mode == "allreduce":
+    if mode in ("allreduce", "hvd"):
         return Allreduce(topo, timeout_s)
     if mode == "arar":
         return RingMean(make_ring(topo.world, "world ring"))
     if mode == "arar-arar":
-        return Grouped(topo, RingMean(make_ring(topo.inner, "inner ring")), leaders_ring(), outer_every, timeout_s)
+        return Grouped(topo, RingMean(make_ring(topo.inner, "inner ring")), leaders_ring(), outer_every, timeout_s,
+                       outer_sync)
     rma = RmaExchange(topo.inner, n, max_staleness=max_staleness, timeout_s=timeout_s)
-    return Grouped(topo, _RmaStep(rma), leaders_ring(), outer_every, timeout_s)
+    return Grouped(topo, _RmaStep(rma), leaders_ring(), outer_every, timeout_s, outer_sync)

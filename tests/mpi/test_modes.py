@@ -104,7 +104,7 @@ def test_rma_arar_arar(topo):
 
 @pytest.mark.mpi(min_size=1)
 def test_unknown_mode_is_an_error(topo):
-    assert len(MODES) == 5
+    assert len(MODES) == 6
     with pytest.raises(ValueError, match="mode='horovod'"):
         build_exchange("horovod", topo, 4)
 
