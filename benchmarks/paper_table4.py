@@ -136,10 +136,10 @@ def analyse(runs: Path, cols: tuple[str, ...], prof: dict, out: Path) -> dict | 
             for d in run_dirs(launch_dir)]
     if not dirs:
         return None
-    from sagips.analyze import main as analyze_main
-
     import contextlib
     import io
+
+    from sagips.analyze import main as analyze_main
 
     with contextlib.redirect_stdout(io.StringIO()):  # its table is on the page; keep the progress lines readable
         rc = analyze_main(["--group-by", "label", "--out", str(out), "--noise-samples", "256", "--resamples", "50",
