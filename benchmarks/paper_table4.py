@@ -1,7 +1,7 @@
 """The paper's two claims, measured with ensembles (issue 20): Table IV / Fig. 13 (SAGIPS against a Horovod-style
 GAN) and Figs. 14-16 / eq. 10 (N ranks with the batch split against one rank with the whole batch).
 
-    python benchmarks/paper_table4.py            # the study: M = 5 runs per column (about 2 h on 2 cores)
+    python benchmarks/paper_table4.py            # the study: M = 5 runs per column, 400 epochs (~70 min, 2 cores)
     python benchmarks/paper_table4.py --quick    # M = 2, 200 epochs (under 20 min)
     python benchmarks/paper_table4.py --smoke    # M = 1, 3 epochs, 2 ranks: the plumbing (the test suite)
 
@@ -50,7 +50,7 @@ PAPER_TABLE4 = {
 TABLE_COLUMNS = ("hvd", "rma-arar-arar", "arar-arar", "arar", "ensemble", "arar-arar-weights")
 SPLIT_COLUMNS = ("N1-whole-batch", "N2-arar-split", "N2-rma-split")
 PROFILES = {  # runs per column, epochs, ranks of part A, checkpoint period
-    "full": {"runs": 5, "epochs": 800, "ranks": 4, "checkpoint_every": 50},
+    "full": {"runs": 5, "epochs": 400, "ranks": 4, "checkpoint_every": 25},
     "quick": {"runs": 2, "epochs": 200, "ranks": 4, "checkpoint_every": 25},
     "smoke": {"runs": 1, "epochs": 3, "ranks": 2, "checkpoint_every": 1},
 }
