@@ -16,7 +16,7 @@ DEPTH=8
 
 sagips_die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
 
-SAGIPS_MODES="ensemble allreduce arar arar-arar rma-arar-arar"   # = sagips.config.MODES
+SAGIPS_MODES="ensemble allreduce arar arar-arar rma-arar-arar hvd"   # = sagips.config.MODES (tested)
 sagips_check_mode() {
     [[ " $SAGIPS_MODES " == *" $1 "* ]] || sagips_die "unknown mode '$1' (one of: $SAGIPS_MODES)"
 }

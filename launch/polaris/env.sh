@@ -1,28 +1,36 @@
 # shellcheck shell=bash
 # SAGIPS environment on Polaris (ALCF). Sourced by every launch/polaris/*.pbs script:
 #
-#     source "$SAGIPS_ROOT/launch/polaris/env.sh"
+#     source "$SAGIPS_ROOT/launch/polaris/env.sh" || exit 1
 #
-# What it does (idempotent; the first call on a login node does the install, later calls only activate):
+# What it does (idempotent; the first call on a login node builds, later calls and jobs only check and activate):
 #   1. module use /soft/modulefiles; module load conda; conda activate base
 #      -> Python, a CUDA build of torch, and an mpi4py built against Cray MPICH (the Slingshot 11 path).
-#   2. a venv in $SAGIPS_VENV created with --system-site-packages, so that torch and mpi4py come from the module
-#      (never pip's CPU torch, never a second MPI);
+#   2. a venv created with --system-site-packages over the module, so that torch and mpi4py come from the module
+#      (never pip's CPU torch, never a second MPI). ONE VENV PER MODULE AND PE: its name is the key
+#          <conda module>_cray-mpich-<CRAY_MPICH_VERSION>-<PE_ENV>, e.g. conda-2025-09-25_cray-mpich-8.1.28-nvidia
+#      under $SAGIPS_ROOT/.venv-polaris/. ALCF changes the default conda module (it did on 2025-10-24) and Cray PE
+#      releases rename their MPI library (libmpi_gnu_123.so.12 -> libmpi_gnu.so.12): a venv over an old module,
+#      or an mpi4py built against an old PE, stops loading. So a new module or PE gets a venv of its own, and an
+#      existing venv is used only if its stamp (.sagips-venv) names the same key AND its python still starts and
+#      loads mpi4py's MPI extension (a dlopen of libmpi, no MPI_Init); otherwise it is deleted and rebuilt.
 #   3. `pip install -e .` WITHOUT the `mpich` extra: the mpich wheel would put a TCP/shared-memory MPICH in front of
 #      Cray MPICH and all inter-node traffic would leave Slingshot. If the module's mpi4py is older than 4 (sagips
 #      needs mpi4py>=4), mpi4py is rebuilt from source against Cray MPICH with the Cray compiler wrapper.
 #   4. exports the MPI settings of a SAGIPS job (below).
+# Inside a PBS job ($PBS_JOBID set) a missing or stale venv is an error, not a build: build it on a login node
+# (`source launch/polaris/env.sh`), because jobs that start together would build into the same directory.
+# SAGIPS_BUILD_IN_JOB=1 allows the build in a job.
 #
 # DRY_RUN=1: print every command instead of running it (works on any machine: module/conda/PBS are not needed).
 # Variables (all optional): SAGIPS_ROOT (the repository; default: two levels above this file), SAGIPS_VENV
-# (default $SAGIPS_ROOT/.venv-polaris; must be on a file system the compute nodes see: home or eagle),
-# SAGIPS_CONDA_MODULE (default: conda).
+# (a fixed venv path instead of .venv-polaris/<key>; it is checked and rebuilt the same way; must be on a file
+# system the compute nodes see: home or eagle), SAGIPS_CONDA_MODULE (default: conda, ALCF's default version).
 
 : "${DRY_RUN:=0}"
 SAGIPS_ROOT=${SAGIPS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-SAGIPS_VENV=${SAGIPS_VENV:-$SAGIPS_ROOT/.venv-polaris}
 SAGIPS_CONDA_MODULE=${SAGIPS_CONDA_MODULE:-conda}
-export SAGIPS_ROOT SAGIPS_VENV
+export SAGIPS_ROOT
 
 # sagips_cmd CMD ARGS...: run it, or under DRY_RUN=1 print it as one shell-quoted line (tests parse these lines).
 sagips_cmd() {
@@ -35,6 +43,56 @@ sagips_cmd() {
     fi
 }
 
+# sagips_venv_key: the name of the venv for the loaded conda module, Cray MPICH version and programming environment
+# (from Lmod's LOADEDMODULES and the cray-mpich module's variables).
+sagips_venv_key() {
+    local conda="" mods m key
+    IFS=: read -r -a mods <<< "${LOADEDMODULES:-}"
+    for m in "${mods[@]}"; do
+        [[ "$m" == conda || "$m" == conda/* ]] && conda=$m
+    done
+    [[ -n "$conda" ]] || conda=$SAGIPS_CONDA_MODULE
+    key="${conda//\//-}_cray-mpich-${CRAY_MPICH_VERSION:-none}"
+    [[ -n "${PE_ENV:-}" ]] && key+="-${PE_ENV,,}"
+    echo "${key//[^A-Za-z0-9._-]/_}"
+}
+
+# sagips_venv_ok DIR KEY: DIR is a venv built by this script for KEY, and its interpreter still loads mpi4py.MPI.
+sagips_venv_ok() {
+    [[ -f "$1/.sagips-venv" ]] && grep -qxF "key=$2" "$1/.sagips-venv" &&
+        "$1/bin/python" -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI' >/dev/null 2>&1
+}
+
+# sagips_remove_venv DIR: delete a venv that this script built (it refuses any other directory).
+sagips_remove_venv() {
+    if [[ ! -f "$1/.sagips-venv" ]]; then
+        echo "env.sh: error: $1 is not a venv built by env.sh (no .sagips-venv stamp): not deleting it; choose another SAGIPS_VENV" >&2
+        return 1
+    fi
+    rm -rf -- "$1"
+}
+
+# sagips_build_venv DIR KEY: create the venv over the loaded module, install sagips, stamp it with KEY.
+sagips_build_venv() {
+    local dir=$1 key=$2
+    python3 -m venv --system-site-packages "$dir" || return 1
+    # shellcheck disable=SC1091
+    source "$dir/bin/activate" || return 1
+    if ! python -c 'import mpi4py, sys; sys.exit(int(mpi4py.__version__.split(".")[0]) < 4)' 2>/dev/null; then
+        # Build mpi4py against Cray MPICH ("cc -shared" is the Cray wrapper that links the right libmpi).
+        MPICC="cc -shared" python -m pip install --no-cache-dir --no-binary=mpi4py "mpi4py>=4" || return 1
+    fi
+    python -m pip install -e "$SAGIPS_ROOT" || return 1   # NOT ".[mpich]"
+    local mpi
+    mpi=$(python -c 'import mpi4py; mpi4py.rc.initialize = False
+from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])') || return 1
+    echo "env.sh: mpi4py uses $mpi"
+    printf 'key=%s\npython=%s\nmpi=%s\nbuilt=%s on %s\n' "$key" "$(readlink -f "$(command -v python3)")" "$mpi" \
+        "$(date -u +%FT%TZ)" "$(hostname)" > "$dir/.sagips-venv"
+}
+
+_sagips_env_fail() { echo "env.sh: error: $*" >&2; }
+
 # ---- 1. modules (skipped where `module` does not exist: a laptop, CI, or a dry run off Polaris)
 if [[ "$DRY_RUN" == 1 ]]; then
     echo "# env.sh: module use /soft/modulefiles; module load $SAGIPS_CONDA_MODULE; conda activate base"
@@ -46,25 +104,35 @@ else
     echo "env.sh: no 'module' command on $(hostname): skipping module load (not on Polaris?)" >&2
 fi
 
-# ---- 2.+3. the venv over the module's site-packages, installed once
+# ---- 2.+3. the venv of this module and PE: checked, (re)built where needed, activated
+SAGIPS_VENV_KEY=$(sagips_venv_key)
+SAGIPS_VENV=${SAGIPS_VENV:-$SAGIPS_ROOT/.venv-polaris/$SAGIPS_VENV_KEY}
+export SAGIPS_VENV SAGIPS_VENV_KEY
 if [[ "$DRY_RUN" == 1 ]]; then
-    echo "# env.sh: python3 -m venv --system-site-packages $SAGIPS_VENV (once); pip install -e $SAGIPS_ROOT (no mpich extra)"
+    echo "# env.sh: venv $SAGIPS_VENV (key $SAGIPS_VENV_KEY): used if its stamp names this key and its python loads mpi4py.MPI; else (re)built: python3 -m venv --system-site-packages; pip install -e $SAGIPS_ROOT (no mpich extra)"
     echo "# env.sh: source $SAGIPS_VENV/bin/activate"
+elif sagips_venv_ok "$SAGIPS_VENV" "$SAGIPS_VENV_KEY"; then
+    # shellcheck disable=SC1091
+    source "$SAGIPS_VENV/bin/activate"
+elif [[ -n "${PBS_JOBID:-}" && "${SAGIPS_BUILD_IN_JOB:-0}" != 1 ]]; then
+    _sagips_env_fail "no usable venv for $SAGIPS_VENV_KEY at $SAGIPS_VENV (missing, built for another module or PE," \
+        "or its python no longer loads mpi4py). Build it on a login node first: cd $SAGIPS_ROOT && source" \
+        "launch/polaris/env.sh (or set SAGIPS_BUILD_IN_JOB=1)"
+    return 1 2>/dev/null || exit 1
 else
-    if [[ ! -f "$SAGIPS_VENV/.sagips-installed" ]]; then
-        python3 -m venv --system-site-packages "$SAGIPS_VENV"
-        # shellcheck disable=SC1091
-        source "$SAGIPS_VENV/bin/activate"
-        if ! python -c 'import mpi4py, sys; sys.exit(int(mpi4py.__version__.split(".")[0]) < 4)' 2>/dev/null; then
-            # Build mpi4py against Cray MPICH ("cc -shared" is the Cray wrapper that links the right libmpi).
-            MPICC="cc -shared" python -m pip install --no-cache-dir --no-binary=mpi4py "mpi4py>=4"
-        fi
-        python -m pip install -e "$SAGIPS_ROOT"   # NOT ".[mpich]"
-        python -c 'from mpi4py import MPI; print("env.sh: mpi4py uses", MPI.Get_library_version().splitlines()[0])'
-        touch "$SAGIPS_VENV/.sagips-installed"
-    else
-        # shellcheck disable=SC1091
-        source "$SAGIPS_VENV/bin/activate"
+    if [[ -e "$SAGIPS_VENV" ]]; then
+        echo "env.sh: $SAGIPS_VENV does not match $SAGIPS_VENV_KEY or no longer loads mpi4py: rebuilding it" >&2
+        sagips_remove_venv "$SAGIPS_VENV" || { return 1 2>/dev/null || exit 1; }
+    fi
+    if [[ "$SAGIPS_VENV" == "$SAGIPS_ROOT/.venv-polaris/"* ]]; then
+        mkdir -p "$SAGIPS_ROOT/.venv-polaris" && echo '*' > "$SAGIPS_ROOT/.venv-polaris/.gitignore"  # not for git
+        [[ -f "$SAGIPS_ROOT/.venv-polaris/.sagips-installed" ]] &&
+            echo "env.sh: $SAGIPS_ROOT/.venv-polaris itself is an old single venv (built by an earlier env.sh); remove its bin/ lib/ include/ when no job uses it" >&2
+    fi
+    echo "env.sh: building $SAGIPS_VENV for $SAGIPS_VENV_KEY" >&2
+    if ! sagips_build_venv "$SAGIPS_VENV" "$SAGIPS_VENV_KEY"; then
+        _sagips_env_fail "building $SAGIPS_VENV failed (see above); it is left without a stamp and will be rebuilt"
+        return 1 2>/dev/null || exit 1
     fi
 fi
 
@@ -79,6 +147,7 @@ export MPICH_GPU_SUPPORT_ENABLED=0
 # peer that is busy outside MPI (in its pipeline) completes only when that peer next calls MPI. Then export
 #     MPICH_ASYNC_PROGRESS=1
 # (a progress thread per rank: MPICH raises the thread level to MPI_THREAD_MULTIPLE internally and the thread
-# takes one of the rank's cores; --depth 8 leaves room for it). Measure with and without it: see docs/polaris.md.
+# takes one of the rank's cores; --depth 8 leaves room for it). Measure with and without it: see docs/polaris.md,
+# which also lists the known hangs of one-sided MPI across nodes on Slingshot (validate.pbs checks your job).
 # export MPICH_ASYNC_PROGRESS=1
 export PYTHONUNBUFFERED=1   # rank 0's summary lines reach the PBS log while the job runs
