@@ -307,10 +307,12 @@ def test_poll_finish_follows_the_watchdog_back_off():
     # 50, 60, 80, 120, 200 us (wake 0); with wake 5 us: 50, 65, 90, 135 us.
     collective_delay, poll_finish, poll_interval = sim.collective_delay, sim.poll_finish, sim.poll_interval
 
-    prof = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=0.0)
+    prof = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3,
+                   wake_s=0.0)
     got = poll_finish(prof, np.array([30e-6, 55e-6, 100e-6, 150e-6]))
     np.testing.assert_allclose(got, [30e-6, 60e-6, 120e-6, 200e-6], rtol=1e-6)
-    prof5 = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3, wake_s=5e-6)
+    prof5 = profile(polling=True, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3,
+                    wake_s=5e-6)
     np.testing.assert_allclose(poll_finish(prof5, np.array([100e-6])), [135e-6], rtol=1e-6)
     # after a long wait the gap between tests is the cap (1 ms); a collective's rounds each wait half of it
     assert poll_interval(prof, np.array([0.01]))[0] == pytest.approx(1e-3)
@@ -321,8 +323,7 @@ def test_poll_finish_follows_the_watchdog_back_off():
 def test_the_model_waits_as_the_watchdog_does():
     """The model's defaults are the watchdog's own constants (sagips.comm.waitpolicy), and a wait shorter than the
     spin + yield phases is noticed at once; a longer one at the back-off's tests: 2 ms, then + 50, + 100, + 200 us."""
-    from sagips.comm import waitpolicy
-    from sagips.comm import watchdog
+    from sagips.comm import waitpolicy, watchdog
 
     prof = profile(polling=True)
     assert (prof.poll_spin_s, prof.poll_yield_s, prof.poll_min_sleep_s, prof.poll_max_sleep_s) == (
@@ -339,8 +340,8 @@ def test_a_late_neighbour_costs_the_back_off_overshoot_in_a_ring():
     # back-off it notices at its first test after 110 us: 120 us.
     link = Link(10e-6, math.inf)
     for polling, expected in ((False, 110e-6), (True, 120e-6)):
-        prof = profile(intra=link, inter=link, polling=polling, poll_spin_s=50e-6, poll_yield_s=0.0, poll_min_sleep_s=10e-6,
-                       poll_max_sleep_s=1e-3)
+        prof = profile(intra=link, inter=link, polling=polling, poll_spin_s=50e-6, poll_yield_s=0.0,
+                       poll_min_sleep_s=10e-6, poll_max_sleep_s=1e-3)
         end = ring_allreduce(np.array([0.0, 100e-6]), np.arange(2).reshape(1, 2), prof, "whole")[0]
         assert end[0] == pytest.approx(expected, rel=1e-6)
         assert end[1] == pytest.approx(110e-6, rel=1e-6)  # the late rank finds its data there: no wait
