@@ -66,7 +66,8 @@ sagips_venv_ok() {
 # sagips_remove_venv DIR: delete a venv that this script built (it refuses any other directory).
 sagips_remove_venv() {
     if [[ ! -f "$1/.sagips-venv" ]]; then
-        echo "env.sh: error: $1 is not a venv built by env.sh (no .sagips-venv stamp): not deleting it; choose another SAGIPS_VENV" >&2
+        echo "env.sh: error: $1 is not a venv built by env.sh (no .sagips-venv stamp): not deleting it;" \
+            "choose another SAGIPS_VENV" >&2
         return 1
     fi
     rm -rf -- "$1"
@@ -109,7 +110,9 @@ SAGIPS_VENV_KEY=$(sagips_venv_key)
 SAGIPS_VENV=${SAGIPS_VENV:-$SAGIPS_ROOT/.venv-polaris/$SAGIPS_VENV_KEY}
 export SAGIPS_VENV SAGIPS_VENV_KEY
 if [[ "$DRY_RUN" == 1 ]]; then
-    echo "# env.sh: venv $SAGIPS_VENV (key $SAGIPS_VENV_KEY): used if its stamp names this key and its python loads mpi4py.MPI; else (re)built: python3 -m venv --system-site-packages; pip install -e $SAGIPS_ROOT (no mpich extra)"
+    echo "# env.sh: venv $SAGIPS_VENV (key $SAGIPS_VENV_KEY): used if its stamp names this key and its python" \
+        "loads mpi4py.MPI; else (re)built: python3 -m venv --system-site-packages; pip install -e $SAGIPS_ROOT" \
+        "(no mpich extra)"
     echo "# env.sh: source $SAGIPS_VENV/bin/activate"
 elif sagips_venv_ok "$SAGIPS_VENV" "$SAGIPS_VENV_KEY"; then
     # shellcheck disable=SC1091
@@ -127,7 +130,8 @@ else
     if [[ "$SAGIPS_VENV" == "$SAGIPS_ROOT/.venv-polaris/"* ]]; then
         mkdir -p "$SAGIPS_ROOT/.venv-polaris" && echo '*' > "$SAGIPS_ROOT/.venv-polaris/.gitignore"  # not for git
         [[ -f "$SAGIPS_ROOT/.venv-polaris/.sagips-installed" ]] &&
-            echo "env.sh: $SAGIPS_ROOT/.venv-polaris itself is an old single venv (built by an earlier env.sh); remove its bin/ lib/ include/ when no job uses it" >&2
+            echo "env.sh: $SAGIPS_ROOT/.venv-polaris itself is an old single venv (built by an earlier env.sh);" \
+                "remove its bin/ lib/ include/ when no job uses it" >&2
     fi
     echo "env.sh: building $SAGIPS_VENV for $SAGIPS_VENV_KEY" >&2
     if ! sagips_build_venv "$SAGIPS_VENV" "$SAGIPS_VENV_KEY"; then
