@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -56,10 +57,13 @@ def test_validate_under_mpiexec_4_writes_every_verdict(tmp_path):
         qid, status = ln.split(": ")[1:3]
         assert status == got[qid]["status"]
     status = {k: v["status"] for k, v in got.items()}
-    assert status == {"pmi_supervised": "pass", "pmi_unsupervised": "pass", "rma_shared": "pass",
-                      "rma_allocate": "skipped", "kill_drill": "pass", "error_drill": "skipped",
-                      "threads": "pass", "gpus": "skipped", "epoch_time": "skipped"}, \
-        {k: v["detail"] for k, v in got.items()}
+    expected = {"pmi_supervised": "pass", "pmi_unsupervised": "pass", "rma_shared": "pass", "rma_allocate": "skipped",
+                "kill_drill": "pass", "error_drill": "skipped", "threads": "pass", "gpus": "skipped",
+                "epoch_time": "skipped"}
+    if os.environ.get("SAGIPS_TEST_CUDA") == "1":  # GPUs left visible: 4 ranks on this host's GPU(s), not Polaris's
+        for k in ("gpus", "epoch_time"):
+            expected.pop(k), status.pop(k)
+    assert status == expected, {k: v["detail"] for k, v in got.items()}
     for v in got.values():
         if v["status"] == "skipped":
             assert v["detail"]  # the reason
@@ -78,7 +82,7 @@ def test_validate_under_mpiexec_4_writes_every_verdict(tmp_path):
     threads = {(r["cores"], r["threads"]) for r in got["threads"]["data"]["per_rank"]}
     run_json = json.loads((out / "kill" / "run.json").read_text())
     assert {t for _, t in threads} == {run_json["threads_per_rank"]}
-    assert got["epoch_time"]["data"]["epoch_s"] > 0 and got["epoch_time"]["data"]["device"] == "cpu"
+    assert got["epoch_time"]["data"]["epoch_s"] > 0
     assert doc["steps"]["kill"]["rc"] != 0 and (out / "logs" / "kill.log").exists()
 
 
