@@ -125,6 +125,17 @@ class EnsembleConfig:
 
 
 @dataclass
+class DataConfig:
+    """How each rank takes its share of a reference data file (docs/environments.md, "Reference data at scale")."""
+
+    subset: str = opt("blocks", "with environment.data_file: 'blocks' (each rank reads whole blocks of rows, in a "
+                      "seeded random order, straight from the file: for large files; rows ordered by run or time "
+                      "give each rank whole stretches of them) or 'rows' (a uniform random choice of rows; each rank "
+                      "reads the whole file once, in blocks: for small files); generated data is always chosen by "
+                      "rows", choices=("blocks", "rows"))
+
+
+@dataclass
 class Config:
     """A whole run. Defaults reproduce the paper's proxy 1D settings."""
 
@@ -137,6 +148,7 @@ class Config:
     comm: CommConfig = field(default_factory=CommConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
 
 # --------------------------------------------------------------------------------------------- validation

@@ -19,8 +19,11 @@ The trainer's epoch loop, in terms of this protocol::
     fake = env.synthesize(G, real)                      # differentiable w.r.t. G
     loss_g, extras = env.g_loss(D, real, fake)          # backward, then the gradient exchange, then G step
 
-Around the loop: `sagips.run` calls `generate_reference(cfg, seed)` on rank 0 (or reads `cfg.data_file`, an HDF5
-file with the datasets of `datasets`), `attach_data(arrays, attrs, rng)` on every rank, `truth()` and
+Around the loop: with a data file (`cfg.data_file`, an HDF5 file with the datasets of `datasets`), `sagips.run`
+has rank 0 read its layout only and every rank read its own rows (sagips/io/shard.py), then calls
+`attach_subset(arrays, attrs)`; without one, every rank calls `generate_reference(cfg, seed)` (rank 0 alone, and a
+broadcast, where `generate_per_rank` is False) and `attach_data(arrays, attrs, rng)`; an environment without
+`attach_subset` gets the whole file from rank 0 through `attach_data`. Then `truth()` and
 `parameter_names()` for run.json, `quality(G, n)` every `train.log_every` epochs and `combine_quality(per_rank)`
 over ranks, `summary_table(q)` at the end; `--resume` restores `gen`, calls `select_subset(idx)` with the saved
 `subset_idx` and `load_extra_state(extra_state())`; `sagips.analyze` rebuilds the environment from run.json and
@@ -68,6 +71,8 @@ class Environment(abc.ABC):
     #: config defaults of this environment beneath any preset, e.g. {"train": {"epochs": 2000, "lr_g": 1e-3}}
     #: (without them a new environment starts from the paper's proxy 1D training settings)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: every rank runs `generate_reference` itself (cheap generators); False: rank 0 runs it and broadcasts the data
+    generate_per_rank: ClassVar[bool] = True
     #: indices of the reference rows this rank keeps (saved in the training state; --resume restores them through
     #: `select_subset`); None where the environment keeps no subset
     subset_idx: Optional[np.ndarray] = None
@@ -86,7 +91,7 @@ class Environment(abc.ABC):
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(seed)
 
-    # -- reference data (numpy arrays; the trainer broadcasts them from rank 0) -------------------------------
+    # -- reference data (numpy arrays; each rank reads or generates its own: sagips/io/shard.py) --------------
     @classmethod
     @abc.abstractmethod
     def generate_reference(cls, cfg: Any, seed: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -95,6 +100,21 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
         """Keep this rank's share of the reference data (e.g. a random subset) on the device."""
+
+    def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """Keep `arrays`, this rank's rows of the data file already chosen and read by the framework (a random
+        fraction `cfg.subset_fraction` of the rows, sagips/io/shard.py), on the device. Optional: without it the
+        framework broadcasts the whole file from rank 0 and calls `attach_data`."""
+        raise NotImplementedError
+
+    def shared_state(self) -> dict[str, Any]:
+        """Values computed from the data that must be equal on every rank (e.g. a standardisation): after
+        `attach_subset`, rank 0's are passed to `set_shared_state` on every rank. {} = none."""
+        return {}
+
+    def set_shared_state(self, state: dict[str, Any]) -> None:
+        """Adopt rank 0's `shared_state()`."""
+        return None
 
     # -- networks -------------------------------------------------------------------------------------------
     @abc.abstractmethod

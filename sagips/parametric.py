@@ -259,6 +259,11 @@ class ParametricEnvironment(Environment):
         idx = np.arange(n) if n_keep == n else np.sort(rng.choice(n, size=n_keep, replace=False))
         self.select_subset(idx)
 
+    def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """This rank's events, read by the framework (sagips/io/shard.py): kept as they are."""
+        self._events_all, self.subset_idx = None, None
+        self.data = torch.as_tensor(np.ascontiguousarray(arrays["events"], dtype=np.float32), device=self.device)
+
     def select_subset(self, idx: np.ndarray) -> None:
         """Keep the reference events `idx` (this rank's share) on the device."""
         self.subset_idx = np.asarray(idx, dtype=np.int64)

@@ -375,32 +375,52 @@ def data_parallel_settings(cfg, env_cls, averaged: int) -> tuple[object, dict | 
 
 
 def _load_data(r: _Run) -> None:
-    """The reference data: world rank 0 loads or generates it; every rank gets raw buffers (no pickles)."""
+    """The reference data, without a byte of event data crossing MPI (issue 23, sagips/io/shard.py).
+
+    A data file: world rank 0 reads its layout (names, shapes, attributes) and broadcasts it; every rank reads its
+    own subset straight from the file (`data.subset`) and hands it to `attach_subset`. No file: every rank generates
+    the data from the seed and keeps its random subset (`attach_data`). Environments without `attach_subset`, and
+    generators too costly to run on every rank (`generate_per_rank = False`), keep the old way: world rank 0 loads or
+    generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states)."""
     import numpy as np
 
+    from sagips.environment import Environment
+    from sagips.io import shard
     from sagips.io.distribute import broadcast_arrays
     from sagips.io.refdata import read_reference
 
     cfg, env_cls = r.cfg, r.env_cls
     r.data_file = data_file = getattr(r.env_cfg, "data_file", None)
+    # torch.optim imports torch._dynamo at its first step (~1.5 s of CPU): imported here, it counts in the start-up
+    # (and, on the broadcast path, the other ranks import it while rank 0 makes the data)
+    import torch._dynamo  # noqa: F401
 
-    def make():
-        if data_file:
-            data = read_reference(data_file, env_cls.datasets)
-        else:
-            data = env_cls.generate_reference(r.env_cfg, cfg.seed)
-        import torch._dynamo  # noqa: F401  (see below)
-        return data
+    r.env = env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
+    fraction = float(getattr(r.env_cfg, "subset_fraction", 1.0))
+    reads_own = type(env).attach_subset is not Environment.attach_subset
+    r.data_key = {"seed": cfg.seed, "member": r.member, "rank": r.comm.rank, "subset_fraction": fraction}
+    if data_file and reads_own:
+        arrays, layout, ranges = shard.load_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
+                                                   cfg.data.subset)
+        env.attach_subset(arrays, layout["attrs"])
+        shared = env.shared_state()
+        if shared:
+            env.set_shared_state(r.comm.bcast(shared, root=0))
+        r.data_key.update(file=os.path.abspath(data_file), layout=layout["checksum"], subset=cfg.data.subset,
+                          rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
+    elif not data_file and env_cls.generate_per_rank:
+        arrays, attrs = env_cls.generate_reference(r.env_cfg, cfg.seed)
+        env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
+        r.data_key.update(file=None, subset="rows")
+    else:
+        def make():
+            if data_file:
+                return read_reference(data_file, env_cls.datasets)
+            return env_cls.generate_reference(r.env_cfg, cfg.seed)
 
-    # torch.optim imports torch._dynamo at its first step (~1.5 s of CPU). Every rank imports it before the data
-    # moves: the others while rank 0 makes the data (they would only wait), rank 0 right after. So it counts in the
-    # start-up, not in epoch 1, and overlaps rank 0's work. (After the broadcast, or on the others alone, it left
-    # cores idle or let rank 0 spin in the broadcast while they imported: 2.2 s -> 9.1 s on 4 ranks / 2 cores.)
-    if r.world.rank != 0:
-        import torch._dynamo  # noqa: F401
-    arrays, attrs = broadcast_arrays(r.world, make)
-    r.env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
-    r.env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
+        arrays, attrs = broadcast_arrays(r.world, make)
+        env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
+        r.data_key.update(file=os.path.abspath(data_file) if data_file else None, subset="rows")
     del arrays
     r.phase("reference_data")
 
@@ -425,6 +445,7 @@ def _build_trainer(r: _Run) -> None:
     r.trainer = Trainer(cfg, r.env, comm.rank, comm.size, r.out_dir, exchange=None, gather_quality=gather_quality,
                         is_root=r.is_root, share=lambda obj: comm.bcast(obj, root=0),
                         computes_quality=r.is_root or not local_quality)
+    r.trainer.data_key = r.data_key
     r.phase("networks_and_precision")
 
 

@@ -117,6 +117,8 @@ class Trainer:
         self.cfg, self.env, self.rank, self.world_size = cfg, env, rank, world_size
         self.out_dir = out_dir
         self.exchange = exchange
+        #: the key of this rank's data subset (set by sagips.run; saved in the states, checked on --resume)
+        self.data_key: dict[str, Any] | None = None
         self.gather_quality = gather_quality
         self.computes_quality = computes_quality
         self.is_root = is_root
@@ -208,7 +210,11 @@ class Trainer:
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
-            "subset_idx": torch.as_tensor(getattr(self.env, "subset_idx", np.zeros(0, dtype=np.int64))),
+            # the data subset: its key (a pure function of it gives the rows, sagips/io/shard.py), not the rows;
+            # indices only for an environment that keeps them itself (`subset_idx`, the older protocol)
+            "data_key": dict(self.data_key or {}),
+            **({"subset_idx": torch.as_tensor(self.env.subset_idx)}
+               if getattr(self.env, "subset_idx", None) is not None else {}),
             "env_state": self.env.extra_state(),
             **({"generator_ema": self.G_ema.state_dict(), "ema_steps": self.ema_steps} if self.G_ema is not None
                else {}),
@@ -228,8 +234,10 @@ class Trainer:
         self.scaler_d.load_state_dict(sd["scaler_d"])
         self.env.gen.set_state(sd["rng_env"])
         torch.set_rng_state(sd["rng_torch"])
-        saved_idx = sd["subset_idx"].numpy()
-        if saved_idx.size and not np.array_equal(saved_idx, getattr(self.env, "subset_idx", saved_idx)):
+        self._check_data_key(sd.get("data_key") or {})
+        saved_idx = sd["subset_idx"].numpy() if "subset_idx" in sd else np.zeros(0, dtype=np.int64)
+        if saved_idx.size and getattr(self.env, "subset_idx", None) is not None \
+                and not np.array_equal(saved_idx, self.env.subset_idx):
             self.env.select_subset(saved_idx)
         self.env.load_extra_state(sd.get("env_state", {}))
         if "generator_ema" in sd and self.cfg.train.ema > 0:
@@ -239,6 +247,25 @@ class Trainer:
             self.G_ema.load_state_dict(sd["generator_ema"])
             self.ema_steps = int(sd["ema_steps"])
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
+
+    def _check_data_key(self, saved: dict[str, Any]) -> None:
+        """The subset this run rebuilt from its key must be the saved state's: the same file layout, seed, fraction
+        and mode. Otherwise a one-line ConfigError (the same on every rank: the key differs on all of them)."""
+        from sagips.config import ConfigError
+
+        now = self.data_key or {}
+        if not saved or not now:
+            return
+        if saved.get("layout") != now.get("layout") or (saved.get("file") is None) != (now.get("file") is None):
+            what = now.get("file") or "generated data"
+            raise ConfigError(f"--resume: data file {what} is not the data this run was trained on "
+                              f"({saved.get('file') or 'generated data'}, layout {saved.get('layout')}; now "
+                              f"{now.get('layout')}); resume with the original file")
+        diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset")
+                if saved.get(k) != now.get(k)]
+        if diff:
+            changes = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff)
+            raise ConfigError(f"--resume: the data subset's key changed ({changes}); resume with the run's settings")
 
     def save_state(self) -> None:
         self.states.save(self.state.epoch, self.state_dict())

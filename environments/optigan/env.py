@@ -134,6 +134,7 @@ class OptiGAN(Environment):
     batch_key = "batch_size"  #: train.split_batch divides it (eq. 10)
     Config = OptiGANConfig
     datasets = {"photons": PHOTON_DIM, "conditions": COND_DIM}
+    generate_per_rank = False  #: the MC is too costly to run on every rank: rank 0 runs it and broadcasts the data
 
     def __init__(self, cfg: OptiGANConfig, device: torch.device | str = "cpu", seed: int = 0):
         super().__init__(cfg, device, seed)
@@ -174,10 +175,32 @@ class OptiGAN(Environment):
         return arrays, attrs
 
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        photons = np.asarray(arrays["photons"], dtype=np.float32)
+        self._attach_rows(arrays)
+        n_keep = max(1, round(self.cfg.subset_fraction * len(photons)))
+        full = n_keep >= len(photons)
+        self.select_subset(None if full else np.sort(rng.choice(len(photons), size=n_keep, replace=False)))
+
+    def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """This rank's rows, read by the framework (sagips/io/shard.py). The standardisation and energy range come
+        from them; `sagips.run` then gives every rank rank 0's (`shared_state`), so that the replicas agree. With
+        subset_fraction < 1 they are estimates from rank 0's random fraction, not the whole file's figures."""
+        self._attach_rows(arrays)
+        self.select_subset(None)
+        self.subset_idx = None
+
+    def shared_state(self) -> dict[str, Any]:
+        return {"std": self._std, "energy_range": self._energy_range}
+
+    def set_shared_state(self, state: dict[str, Any]) -> None:
+        self._std, self._energy_range = state["std"], state["energy_range"]
+
+    def _attach_rows(self, arrays: dict[str, np.ndarray]) -> None:
         c = self.cfg
         photons = np.asarray(arrays["photons"], dtype=np.float32)
         conds = np.asarray(arrays["conditions"], dtype=np.float32)
-        # standardisation from the full data, identical on every rank (the data was broadcast from rank 0)
+        # standardisation from the rows given, identical on every rank (attach_data: the whole data; attach_subset:
+        # rank 0's, shared by sagips.run)
         self._std = {"cond_mean": conds.mean(0, dtype=np.float64), "cond_std": _safe_std(conds),
                      "out_mean": photons.mean(0, dtype=np.float64), "out_std": _safe_std(photons)}
         self._energy_range = (float(photons[:, 5].min()), float(photons[:, 5].max())) if len(photons) else None
@@ -194,9 +217,6 @@ class OptiGAN(Environment):
         else:
             self._quality_set = self._make_quality_set(photons, conds, "train")
         self._table = np.concatenate([photons, conds], axis=1)
-        n_keep = max(1, round(c.subset_fraction * len(photons)))
-        full = n_keep >= len(photons)
-        self.select_subset(None if full else np.sort(rng.choice(len(photons), size=n_keep, replace=False)))
 
     def select_subset(self, idx: np.ndarray | None) -> None:
         """Keep the reference rows `idx` (this rank's share; None or empty = all rows, recorded as an empty

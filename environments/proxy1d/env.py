@@ -118,6 +118,15 @@ class Proxy1D(Environment):
             self.select_subset(np.arange(n_keep))
         else:
             self.select_subset(np.sort(rng.choice(len(self._events), size=n_keep, replace=False)))
+        self._attach_norms(attrs)
+
+    def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
+        """This rank's events, read by the framework (sagips/io/shard.py): kept as they are."""
+        self._events, self.subset_idx = None, None
+        self.data = torch.as_tensor(np.ascontiguousarray(arrays["events"], dtype=np.float32), device=self.device)
+        self._attach_norms(attrs)
+
+    def _attach_norms(self, attrs: dict[str, Any]) -> None:
         if "norms" in attrs:
             self.ref_norms = torch.as_tensor(np.asarray(attrs["norms"], dtype=np.float32), device=self.device)
         else:  # a data file without norms: use the theory's norms at the configured truth

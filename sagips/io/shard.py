@@ -1,0 +1,205 @@
+"""Reference data at scale: each rank reads only the rows it keeps, straight from the HDF5 file.
+
+    layout = share_layout(comm, path, datasets)   # rank 0 opens the file: names, shapes, chunk rows, attributes
+    ranges = subset_ranges(np_seed, layout, fraction, mode)   # this rank's rows, a pure function of its key
+    arrays = read_subset(path, layout, ranges, datasets)      # hyperslab reads of whole blocks, in file order
+
+Only the layout (a few hundred bytes) crosses MPI; no byte of event data does. The subset depends on nothing but
+(np_seed = rank_seeds(seed, member, rank)[1], fraction, mode, layout), so a training state stores that key and
+`layout_checksum(layout)` instead of the indices, and --resume rebuilds the same rows.
+
+Modes (config `data.subset`):
+- `blocks` (the default for files): the rows are cut into blocks of `block_rows(layout)` rows (the datasets' HDF5
+  chunk, at most 65536 rows, and at least 64 blocks per file); each rank takes whole blocks in a seeded random order
+  until it holds round(fraction x N) rows, and reads them in file order (large sequential reads).
+- `rows`: the rows are a uniform random choice (what every rank did before, when rank 0 broadcast the whole file);
+  the rank reads the file in blocks and keeps its rows (all of the file passes through each rank: for small files).
+
+Every problem is a one-line `DataError`; `agree` makes an error of one rank an error of every rank (no hang).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from sagips.io.refdata import DataError
+
+MAX_BLOCK_ROWS = 65536  #: rows per block when the file is not chunked (or its chunks are larger): 0.5 MB at 2 columns
+MIN_BLOCKS = 64  #: a small file is still cut into this many blocks, so that ranks' subsets differ
+
+
+def _open(path: str):
+    import h5py
+
+    if not os.path.exists(path):
+        raise DataError(f"data file {path}: no such file (check environment.data_file)")
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        raise DataError(f"data file {path}: not a readable HDF5 file ({str(e).splitlines()[0][:120]})") from None
+
+
+def _describe(f, path: str, datasets: dict[str, int]) -> dict[str, Any]:
+    import h5py
+
+    out: dict[str, Any] = {"datasets": {}, "attrs": {k: np.asarray(v).tolist() for k, v in f.attrs.items()}}
+    for name, cols in datasets.items():
+        if name not in f or not isinstance(f[name], h5py.Dataset):
+            have = ", ".join(sorted(f.keys())) or "nothing"
+            raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
+        ds = f[name]
+        if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
+            raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+        out["datasets"][name] = {"shape": list(ds.shape), "dtype": str(ds.dtype),
+                                 "chunk_rows": int(ds.chunks[0]) if ds.chunks else 0}
+    rows = {d["shape"][0] for d in out["datasets"].values()}
+    if len(rows) > 1:
+        raise DataError(f"data file {path}: datasets {list(datasets)} have different numbers of rows")
+    out["rows"] = rows.pop()
+    return out
+
+
+def read_layout(path: str | os.PathLike, datasets: dict[str, int]) -> dict[str, Any]:
+    """{"path", "rows", "datasets": {name: {"shape", "dtype", "chunk_rows"}}, "attrs"} of a reference file,
+    validated (the datasets exist, have `datasets[name]` columns and the same rows); reads no event data."""
+    path = os.fspath(path)
+    with _open(path) as f:
+        layout = _describe(f, path, datasets)
+    layout["path"] = path
+    layout["checksum"] = layout_checksum(layout)
+    return layout
+
+
+def layout_checksum(layout: dict[str, Any]) -> str:
+    """A short hash of what the subset depends on: the datasets' shapes, types and chunks, and the attributes (not
+    the path: a copied file resumes)."""
+    blob = json.dumps({k: layout[k] for k in ("rows", "datasets", "attrs")}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def share_layout(comm, path: str, datasets: dict[str, int]) -> dict[str, Any]:
+    """Rank 0 reads the layout; every rank gets it, or raises rank 0's DataError (the same line everywhere)."""
+    out = None
+    if comm.rank == 0:
+        try:
+            out = ("ok", read_layout(path, datasets))
+        except DataError as e:
+            out = ("error", str(e))
+    kind, value = comm.bcast(out, root=0)
+    if kind == "error":
+        raise DataError(value)
+    return value
+
+
+def agree(comm, fn, *args):
+    """fn(*args) on every rank; if it raises a DataError on any rank, every rank raises the first such error (by
+    rank), so that no rank is left waiting in a later collective."""
+    try:
+        out, err = fn(*args), None
+    except DataError as e:
+        out, err = None, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})"
+    errors = [e for e in comm.allgather(err) if e is not None]
+    if errors:
+        raise DataError(errors[0])
+    return out
+
+
+def block_rows(layout: dict[str, Any]) -> int:
+    """Rows per block: the datasets' chunk rows (whole chunks are read), capped at MAX_BLOCK_ROWS and at
+    rows / MIN_BLOCKS."""
+    chunks = [d["chunk_rows"] for d in layout["datasets"].values() if d["chunk_rows"]]
+    b = min([MAX_BLOCK_ROWS, *chunks])
+    return max(1, min(b, layout["rows"] // MIN_BLOCKS))
+
+
+def n_keep(n: int, fraction: float, path: str = "") -> int:
+    """Rows a rank keeps: round(fraction x n); a DataError if that is none."""
+    k = int(round(fraction * n))
+    if k < 1:
+        raise DataError(f"data file {path}: {n} rows are too few for subset_fraction={fraction} (it keeps none); "
+                        f"use a larger file or a larger environment.subset_fraction")
+    return k
+
+
+def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: str) -> np.ndarray:
+    """This rank's rows as sorted, disjoint [start, stop) ranges, shape (k, 2), int64: a pure function of the
+    arguments (the state key)."""
+    n = layout["rows"]
+    k = n_keep(n, fraction, layout.get("path", ""))
+    rng = np.random.default_rng(np_seed)
+    if mode == "rows":  # the choice that rank 0's broadcast made before (same rng, same call): one row per range
+        idx = np.arange(n) if k == n else np.sort(rng.choice(n, size=k, replace=False))
+        return np.stack([idx, idx + 1], axis=1).astype(np.int64)
+    if mode != "blocks":
+        raise ValueError(f"unknown subset mode {mode!r}")
+    b = block_rows(layout)
+    starts = rng.permutation(-(-n // b)) * b
+    stops = np.minimum(starts + b, n)
+    taken = np.cumsum(stops - starts)
+    last = int(np.searchsorted(taken, k))  # the block that completes k rows; only its first rows are kept
+    starts, stops = starts[:last + 1], stops[:last + 1].copy()
+    stops[-1] -= taken[last] - k
+    order = np.argsort(starts)
+    return np.stack([starts[order], stops[order]], axis=1).astype(np.int64)
+
+
+def _runs(ranges: np.ndarray, gap_rows: int) -> list[tuple[int, int]]:
+    """`ranges` merged into reads where the gap is below gap_rows, each read at most MAX_BLOCK_ROWS long."""
+    out: list[list[int]] = []
+    for a, b in ranges.tolist():
+        if out and a - out[-1][1] < gap_rows and b - out[-1][0] <= MAX_BLOCK_ROWS:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets: dict[str, int]
+                ) -> dict[str, np.ndarray]:
+    """The rows `ranges` of each dataset (float32, in file order). The file must still have `layout`."""
+    with _open(path) as f:
+        now = _describe(f, path, datasets)
+        now["path"] = path
+        if layout_checksum(now) != layout["checksum"]:
+            raise DataError(f"data file {path}: changed since its layout was read at start-up (now {now['rows']} "
+                            f"rows); do not rewrite a data file while a run starts")
+        k = int((ranges[:, 1] - ranges[:, 0]).sum())
+        # rows mode (one-row ranges): merged into block reads, the rows between read and dropped; blocks mode:
+        # adjacent blocks merged into one read
+        one_row = len(ranges) and (ranges[:, 1] - ranges[:, 0]).max() == 1
+        runs = _runs(ranges, block_rows(layout) if one_row else 1)
+        out = {}
+        for name, cols in datasets.items():
+            ds, arr, o, r = f[name], np.empty((k, cols), dtype=np.float32), 0, 0
+            sel = ranges.tolist()
+            for a, b in runs:
+                try:
+                    block = ds[a:b]
+                except OSError as e:
+                    raise DataError(f"data file {path}: dataset '{name}' is corrupt "
+                                    f"({str(e).splitlines()[0][:120]})") from None
+                while r < len(sel) and sel[r][1] <= b:  # the selected ranges inside this run
+                    s, e = sel[r]
+                    arr[o:o + e - s] = block[s - a:e - a]
+                    o, r = o + e - s, r + 1
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise DataError(f"data file {path}: dataset '{name}' holds NaN/Inf values (in this rank's row "
+                                f"{row}); clean the file")
+            out[name] = arr
+    return out
+
+
+def load_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str
+                ) -> tuple[dict[str, np.ndarray], dict[str, Any], np.ndarray]:
+    """What `sagips.run` does with a data file, on every rank of `comm`: (this rank's arrays, the layout, its
+    ranges). Only the layout is broadcast; an error on any rank is a DataError on every rank."""
+    layout = share_layout(comm, path, datasets)
+    ranges = agree(comm, subset_ranges, np_seed, layout, fraction, mode)
+    arrays = agree(comm, read_subset, path, layout, ranges, datasets)
+    return arrays, layout, ranges

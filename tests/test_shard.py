@@ -1,0 +1,123 @@
+"""Reference data at scale (issue 23): each rank reads only its own subset of a data file, straight from HDF5.
+
+Under mpiexec (N = 1, 2, 4) a patched h5py read counts the rows each rank reads; in-process, the subset is a pure
+function of its key, the errors are one line, and a --resume rebuilds the same subset from a state without indices.
+"""
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from sagips.io import shard
+from sagips.io.refdata import DataError
+from tests._mpirun import run_mpi
+
+ROWS, CHUNK, FRACTION = 20000, 256, 0.5
+
+
+def _file(path, rows=ROWS, cols=2, chunk=CHUNK, seed=0):
+    """events: column 0 random, column 1 the row number (exact in float32), so a rank's rows can be named."""
+    ev = np.empty((rows, cols), np.float32)
+    ev[:, 0] = np.random.default_rng(seed).random(rows)
+    ev[:, 1] = np.arange(rows)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("events", data=ev, chunks=(min(chunk, rows), cols))
+        f.attrs["norms"] = [1.0, 2.0]
+    return ev
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("shard") / "ref.h5"
+    _file(p)
+    return p
+
+
+def _run(n, data_file, out, *extra, timeout=60):
+    r = run_mpi(n, ["tests/_shard_worker.py", str(data_file), str(FRACTION), "blocks", str(out), *extra],
+                timeout=timeout)
+    return r, [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_each_rank_reads_only_its_fraction_in_blocks(data_file, n, tmp_path):
+    r, out = _run(n, data_file, tmp_path)
+    assert r.returncode == 0 and len(out) == n, r.stderr[-2000:]
+    keep = round(FRACTION * ROWS)
+    for d in out:
+        assert d["kept"] == keep and d["read"] == keep  # whole blocks, not the file
+        assert d["calls"] <= keep // CHUNK + 1  # block reads, not single rows
+        ids = np.asarray(d["ids"])
+        assert np.all(np.diff(ids) > 0)  # distinct rows, in file order
+    assert out[0]["read"] <= min(d["read"] for d in out)  # rank 0 reads no more than the others
+    sets = [set(d["ids"]) for d in out]
+    for a in range(n):
+        for b in range(a + 1, n):  # random halves overlap by about half, never all
+            assert len(sets[a] & sets[b]) < 0.8 * keep
+
+
+def test_an_error_on_one_rank_ends_every_rank(data_file, tmp_path):
+    r, out = _run(2, data_file, tmp_path, "1")
+    assert r.returncode != 0 and [d["rank"] for d in out] == [0, 1], r.stderr[-2000:]
+    assert all("changed since its layout was read" in d["error"] and "(rank 1)" in d["error"] for d in out)
+
+
+# -- in-process: the key, the modes, the errors ---------------------------------------------------------------------
+def test_subset_is_a_pure_function_of_the_key(data_file):
+    layout = shard.read_layout(data_file, {"events": 2})
+    assert layout["rows"] == ROWS and shard.block_rows(layout) == CHUNK
+    a, b = shard.subset_ranges(11, layout, FRACTION, "blocks"), shard.subset_ranges(11, layout, FRACTION, "blocks")
+    assert np.array_equal(a, b) and not np.array_equal(a, shard.subset_ranges(12, layout, FRACTION, "blocks"))
+    rows = shard.subset_ranges(11, layout, FRACTION, "rows")  # the choice rank 0's broadcast path made
+    legacy = np.sort(np.random.default_rng(11).choice(ROWS, size=round(FRACTION * ROWS), replace=False))
+    assert np.array_equal(rows[:, 0], legacy)
+    got = shard.read_subset(str(data_file), layout, rows, {"events": 2})["events"]
+    assert np.array_equal(got[:, 1], legacy.astype(np.float32))
+
+
+def test_errors_are_one_line(tmp_path, data_file):
+    small = tmp_path / "small.h5"
+    _file(small, rows=10)
+    with pytest.raises(DataError, match="too few for subset_fraction=0.01"):
+        shard.subset_ranges(1, shard.read_layout(small, {"events": 2}), 0.01, "blocks")
+    with pytest.raises(DataError, match=r"dataset 'events' has shape \(10, 2\), expected \(N>0, 3\)"):
+        shard.read_layout(small, {"events": 3})
+    moving = tmp_path / "moving.h5"
+    _file(moving)
+    layout = shard.read_layout(moving, {"events": 2})
+    _file(moving, rows=ROWS + 1)  # rewritten between the layout broadcast and the reads
+    with pytest.raises(DataError, match="changed since its layout was read") as e:
+        shard.read_subset(str(moving), layout, shard.subset_ranges(1, layout, FRACTION, "blocks"), {"events": 2})
+    assert "\n" not in str(e.value)
+
+
+def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_file, capsys):
+    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+    from sagips.run import main
+
+    args = ["--config", "configs/proxy1d-quick.yaml", "--no-progress", "--set", f"environment.data_file={data_file}",
+            "--set", "environment.param_samples=8", "--set", "environment.events_per_sample=10",
+            "--set", "train.quality_samples=8", "--set", "train.state_every=2", "--set", "train.checkpoint_every=2",
+            "--set", "train.log_every=2", "--set", "train.ema=0", "--set", "train.amp=none",
+            "--set", "train.lr_final=1"]  # no schedule over the epochs: a run of 2 epochs is the start of one of 4
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main([*args, "--epochs", "4", "--output-dir", str(full)]) == 0
+    assert main([*args, "--epochs", "2", "--output-dir", str(cut)]) == 0
+    sd = torch.load(cut / "state" / "rank0000" / "epoch0000002.pt", weights_only=True)
+    assert "subset_idx" not in sd and not any(isinstance(v, torch.Tensor) and v.dtype == torch.int64 and
+                                              v.numel() > 100 for v in sd.values())
+    key = sd["data_key"]
+    assert key["layout"] == shard.read_layout(data_file, {"events": 2})["checksum"]
+    assert key["rows"] == round(0.5 * ROWS) and key["subset"] == "blocks"
+    assert main(["--resume", "--epochs", "4", "--output-dir", str(cut), "--no-progress"]) == 0
+    g_full, g_cut = (load_checkpoint(list_checkpoints(d)[0][4])["generator"] for d in (full, cut))
+    assert all(torch.equal(g_full[k], g_cut[k]) for k in g_full)  # bit-exact
+    other = tmp_path / "other.h5"
+    _file(other, rows=ROWS + 7)
+    capsys.readouterr()
+    assert main(["--resume", "--epochs", "6", "--output-dir", str(cut), "--no-progress",
+                 "--set", f"environment.data_file={other}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"data file {other}" in err[0] and "not the data this run was trained on" in err[0]
