@@ -236,6 +236,12 @@ class Trainer:
         torch.set_rng_state(sd["rng_torch"])
         self._check_data_key(sd.get("data_key") or {})
         saved_idx = sd["subset_idx"].numpy() if "subset_idx" in sd else np.zeros(0, dtype=np.int64)
+        if saved_idx.size and not sd.get("data_key") and (self.data_key or {}).get("subset") == "blocks":
+            from sagips.config import ConfigError
+
+            # a state from before issue 23: its rows were a uniform choice, which data.subset=rows rebuilds
+            raise ConfigError("--resume: the saved state holds the row indices of an older version's subset; "
+                              "resume with --set data.subset=rows")
         if saved_idx.size and getattr(self.env, "subset_idx", None) is not None \
                 and not np.array_equal(saved_idx, self.env.subset_idx):
             self.env.select_subset(saved_idx)

@@ -66,8 +66,11 @@ CASES = [
     ("wrong shape", [], lambda t, o: _data(h5(t / "bad.h5", data=np.ones((10, 3), np.float32))),
      ["'events'", "(10, 3)", "expected (N>0, 2)"]),
     ("empty dataset", [], lambda t, o: _data(h5(t / "bad.h5", data=np.ones((0, 2), np.float32))), ["(0, 2)"]),
-    ("NaN in the data", [], lambda t, o: _data(h5(t / "bad.h5", data=with_bad(np.nan))), ["NaN/Inf", "row 3"]),
-    ("Inf in the data", [], lambda t, o: _data(h5(t / "bad.h5", data=with_bad(-np.inf))), ["NaN/Inf", "row 3"]),
+    # a rank checks the rows it reads (issue 23: its own subset only): subset_fraction=1 reads row 3
+    ("NaN in the data", ["--set", "environment.subset_fraction=1"],
+     lambda t, o: _data(h5(t / "bad.h5", data=with_bad(np.nan))), ["NaN/Inf", "row 3"]),
+    ("Inf in the data", ["--set", "environment.subset_fraction=1"],
+     lambda t, o: _data(h5(t / "bad.h5", data=with_bad(-np.inf))), ["NaN/Inf", "row 3"]),
     ("resume: a run of another environment", ["--resume", "--config", "configs/proxy1d-quick.yaml"],
      lambda t, o: forged_run(o, environment="optigan"), ["environment 'optigan'", "not 'proxy1d'"]),
     ("resume: saved config of an environment not installed", ["--resume"],

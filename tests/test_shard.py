@@ -121,3 +121,40 @@ def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_
                  "--set", f"environment.data_file={other}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"data file {other}" in err[0] and "not the data this run was trained on" in err[0]
+
+
+def test_optigan_reads_photons_and_conditions_with_the_same_rows(tmp_path):
+    from mpi4py import MPI
+
+    from environments.optigan.env import OptiGAN, OptiGANConfig
+
+    rng, n = np.random.default_rng(3), 4000
+    conds = np.repeat(rng.random((8, 3)).astype(np.float32), n // 8, axis=0)
+    photons = rng.random((n, 6)).astype(np.float32)
+    photons[:, 0] = np.arange(n)  # names the row
+    with h5py.File(tmp_path / "opt.h5", "w") as f:
+        f.create_dataset("photons", data=photons, chunks=(100, 6))
+        f.create_dataset("conditions", data=conds, chunks=(100, 3))
+    arrays, layout, ranges = shard.load_subset(MPI.COMM_SELF, str(tmp_path / "opt.h5"), OptiGAN.datasets, 5, 0.25,
+                                               "blocks")
+    rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+    assert len(rows) == n // 4 and shard.block_rows(layout) == 62  # n / MIN_BLOCKS < the chunk
+    env = OptiGAN(OptiGANConfig(subset_fraction=0.25, quality_points=2, quality_photons=10), "cpu", 0)
+    env.attach_subset(arrays, layout["attrs"])
+    assert env.subset_idx is None and env.data.shape == (n // 4, 9)
+    np.testing.assert_array_equal(env.data[:, 0].numpy(), rows)
+    np.testing.assert_array_equal(env.data[:, 6:].numpy(), conds[rows])
+    other = OptiGAN(OptiGANConfig(subset_fraction=0.25), "cpu", 0)
+    other.set_shared_state(env.shared_state())  # what sagips.run does with rank 0's
+    np.testing.assert_array_equal(other._std["out_mean"], photons[rows].mean(0, dtype=np.float64))
+
+
+def test_nan_is_named_by_its_row_in_the_file(tmp_path):
+    ev = _file(tmp_path / "nan.h5", rows=1000, chunk=10)
+    ev[777, 0] = np.nan
+    with h5py.File(tmp_path / "nan.h5", "r+") as f:
+        f["events"][...] = ev
+    layout = shard.read_layout(tmp_path / "nan.h5", {"events": 2})
+    ranges = np.array([[100, 110], [770, 780]])
+    with pytest.raises(DataError, match="1 NaN/Inf values in this rank's rows \\(first in row 777\\)"):
+        shard.read_subset(str(tmp_path / "nan.h5"), layout, ranges, {"events": 2})

@@ -187,10 +187,13 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
                     arr[o:o + e - s] = block[s - a:e - a]
                     o, r = o + e - s, r + 1
             bad = ~np.isfinite(arr)
-            if bad.any():
-                row = int(np.argwhere(bad)[0][0])
-                raise DataError(f"data file {path}: dataset '{name}' holds NaN/Inf values (in this rank's row "
-                                f"{row}); clean the file")
+            if bad.any():  # named by its row in the file: the rank's row i is in the range where cumsum passes i
+                i = int(np.argwhere(bad)[0][0])
+                lengths = ranges[:, 1] - ranges[:, 0]
+                j = int(np.searchsorted(np.cumsum(lengths), i, side="right"))
+                row = int(ranges[j, 0] + i - (np.cumsum(lengths)[j] - lengths[j]))
+                raise DataError(f"data file {path}: dataset '{name}' holds {int(bad.sum())} NaN/Inf values in this "
+                                f"rank's rows (first in row {row}); clean the file")
             out[name] = arr
     return out
 
