@@ -4,6 +4,7 @@ Under mpiexec (N = 1, 2, 4) a patched h5py read counts the rows each rank reads;
 function of its key, the errors are one line, and a --resume rebuilds the same subset from a state without indices.
 """
 import json
+import os
 
 import h5py
 import numpy as np
@@ -91,6 +92,11 @@ def test_errors_are_one_line(tmp_path, data_file):
     with pytest.raises(DataError, match="changed since its layout was read") as e:
         shard.read_subset(str(moving), layout, shard.subset_ranges(1, layout, FRACTION, "blocks"), {"events": 2})
     assert "\n" not in str(e.value)
+    layout = shard.read_layout(moving, {"events": 2})
+    _file(moving, rows=ROWS + 1, seed=9)  # the same shape, other values
+    os.utime(moving, ns=(layout["stat"][1] + 10**9,) * 2)  # (a file system with coarse times still sees a change)
+    with pytest.raises(DataError, match="changed since its layout was read"):
+        shard.read_subset(str(moving), layout, shard.subset_ranges(1, layout, FRACTION, "blocks"), {"events": 2})
 
 
 def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_file, capsys):

@@ -71,6 +71,8 @@ def read_layout(path: str | os.PathLike, datasets: dict[str, int]) -> dict[str, 
         layout = _describe(f, path, datasets)
     layout["path"] = path
     layout["checksum"] = layout_checksum(layout)
+    st = os.stat(path)
+    layout["stat"] = [st.st_size, st.st_mtime_ns]  # a rewrite of the same shape between layout and reads shows here
     return layout
 
 
@@ -164,7 +166,8 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
     with _open(path) as f:
         now = _describe(f, path, datasets)
         now["path"] = path
-        if layout_checksum(now) != layout["checksum"]:
+        st = os.stat(path)
+        if layout_checksum(now) != layout["checksum"] or [st.st_size, st.st_mtime_ns] != layout["stat"]:
             raise DataError(f"data file {path}: changed since its layout was read at start-up (now {now['rows']} "
                             f"rows); do not rewrite a data file while a run starts")
         k = int((ranges[:, 1] - ranges[:, 0]).sum())
