@@ -486,6 +486,8 @@ def _describe(r: _Run) -> None:
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
         "events_per_epoch": env.events_per_epoch, "batch": r.batch,
         "reference_fraction": getattr(r.env_cfg, "subset_fraction", None),
+        # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank
+        "reference_data": {k: v for k, v in r.data_key.items() if k not in ("rank", "member")},
         "n_critic": env.n_critic, "generator_params": n_params,
         "exchanged_floats": (trainer.grads.n if r.topo is not None else n_params if r.peer is not None else 0),
         "layout": (r.topo.describe() if r.topo is not None else

@@ -117,6 +117,7 @@ def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_
     key = sd["data_key"]
     assert key["layout"] == shard.read_layout(data_file, {"events": 2})["checksum"]
     assert key["rows"] == round(0.5 * ROWS) and key["subset"] == "blocks"
+    assert json.loads((cut / "run.json").read_text())["reference_data"]["layout"] == key["layout"]
     assert main(["--resume", "--epochs", "4", "--output-dir", str(cut), "--no-progress"]) == 0
     g_full, g_cut = (load_checkpoint(list_checkpoints(d)[0][4])["generator"] for d in (full, cut))
     assert all(torch.equal(g_full[k], g_cut[k]) for k in g_full)  # bit-exact
