@@ -1,5 +1,8 @@
 """Rank 0 loads (or generates) the reference data and broadcasts it to every rank as raw numpy buffers.
 
+Only the older path uses it since issue 23 (sagips/io/shard.py reads each rank's own rows): environments without
+`attach_subset`, and generators too costly to run on every rank (`generate_per_rank = False`, optiGAN's MC).
+
 The layout (names, shapes, attributes) travels as a JSON byte string; the arrays travel with `Bcast` on their
 buffers, never as pickles.
 """
