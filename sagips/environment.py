@@ -99,7 +99,9 @@ class Environment(abc.ABC):
 
     @abc.abstractmethod
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
-        """Keep this rank's share of the reference data (e.g. a random subset) on the device."""
+        """Keep this rank's share of the reference data (e.g. a random subset) on the device. Draw the subset from
+        `rng` only (seeded per rank): --resume rebuilds it from the same seed, and the training state keeps no
+        indices."""
 
     def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
         """Keep `arrays`, this rank's rows of the data file already chosen and read by the framework (a random

@@ -210,11 +210,12 @@ class Trainer:
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
-            # the data subset: its key (a pure function of it gives the rows, sagips/io/shard.py), not the rows;
-            # indices only for an environment that keeps them itself (`subset_idx`, the older protocol)
+            # the data subset: its key (a pure function of it gives the rows: sagips/io/shard.py for a file, the
+            # seeded rng handed to attach_data otherwise), not the rows; the indices only where no key was recorded
+            # (a Trainer used outside sagips.run)
             "data_key": dict(self.data_key or {}),
             **({"subset_idx": torch.as_tensor(self.env.subset_idx)}
-               if getattr(self.env, "subset_idx", None) is not None else {}),
+               if getattr(self.env, "subset_idx", None) is not None and not self.data_key else {}),
             "env_state": self.env.extra_state(),
             **({"generator_ema": self.G_ema.state_dict(), "ema_steps": self.ema_steps} if self.G_ema is not None
                else {}),

@@ -28,6 +28,13 @@ def child_env(extra: dict | None = None) -> dict:
     GPUs visible to the child runs."""
     e = dict(os.environ)
     e.setdefault("OMP_NUM_THREADS", "1")
+    # train.amp=auto times bf16 against float32 at start-up. On a CPU with native bf16 the two can be close, and two
+    # runs of one test (a resume against an uninterrupted run) may then choose differently under load. The child runs
+    # check numerics, not that probe (tests/test_precision.py does, mocked): they see an AVX2-only CPU, where bf16 is
+    # emulated and auto always chooses float32. SAGIPS_TEST_NATIVE_ISA=1 keeps the CPU's own kernels.
+    if os.environ.get("SAGIPS_TEST_NATIVE_ISA") != "1":
+        e.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+        e.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
     if os.environ.get("SAGIPS_TEST_CUDA") != "1":
         e["CUDA_VISIBLE_DEVICES"] = ""
     e.update(extra or {})

@@ -8,7 +8,7 @@ import torch
 
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
 from sagips.io.metrics import read_metrics
-from sagips.io.state import read_latest
+from sagips.io.state import load_state, read_latest
 from tests._mpirun import job_with_state, run_mpi
 
 EPOCHS = 8
@@ -61,6 +61,9 @@ def test_resume_after_kill_is_bit_identical(tmp_path, mode):
         for k in a[rank]:
             assert torch.equal(a[rank][k], b[rank][k]), f"rank {rank} {k} differs after resume"
     check_resumed_run(cut)
+    # the states hold the subset's key, not its rows (issue 23): the resume rebuilt the subset from the seed
+    sd = load_state(cut, 0, EPOCHS)
+    assert "subset_idx" not in sd and sd["data_key"]["file"] is None and sd["data_key"]["rank"] == 0
 
 
 def check_resumed_run(cut):
