@@ -404,21 +404,29 @@ class Trainer:
 
     @torch.no_grad()
     def _average_weights(self, epoch: int) -> None:
-        """comm.outer_sync=weights: the generator's weights and Adam moments <- their mean over all ranks (one
-        Allreduce of one flat float32 buffer). Moments that this rank has not made yet count as zeros and are not
-        written back."""
+        """comm.outer_sync=weights: the generator's weights and Adam moments, and its weight average (train.ema) where
+        there is one, <- their mean over all ranks (one Allreduce of one flat float32 buffer), so that the generator
+        that is checkpointed is the same on every rank too. Moments that this rank has not made yet count as zeros
+        and are not written back."""
         G = getattr(self.G, "module", self.G)
         params = list(G.parameters())
         tensors = [p.data for p in params]
         for p in params:
             st = self.opt_g.state.get(p, {})
             tensors += [st.get(k, torch.zeros_like(p)) for k in ("exp_avg", "exp_avg_sq")]
+        n_moments = len(tensors)
+        if self.G_ema is not None:  # made at the same epoch on every rank, so every buffer has the same length
+            tensors += [p.data for p in self.G_ema.parameters()]
         flat = torch.cat([t.reshape(-1).float() for t in tensors]).cpu().numpy()
         self.average_weights(flat, epoch)
         back = torch.from_numpy(flat)
         offset = 0
         for i, t in enumerate(tensors):
             k = t.numel()
+            if i >= n_moments:  # the weight average's parameters
+                t.copy_(back[offset:offset + k].view_as(t))
+                offset += k
+                continue
             owner = params[i] if i < len(params) else params[(i - len(params)) // 2]
             key = None if i < len(params) else ("exp_avg", "exp_avg_sq")[(i - len(params)) % 2]
             if key is None or key in self.opt_g.state.get(owner, {}):

@@ -22,8 +22,8 @@ def moments(state: dict) -> dict:
 
 def test_an_outer_epoch_makes_every_generator_identical(tmp_path):
     """4 ranks as 2 RMA groups of 2: after epoch 2 the generators differ (between the groups, and inside a group,
-    where RMA combines what has arrived); after the outer epoch 3 every rank's generator, biases included, and its
-    Adam moments are the same bytes."""
+    where RMA combines what has arrived); after the outer epoch 3 every rank's generator, biases included, its
+    weight average (what the checkpoints hold) and its Adam moments are the same bytes."""
     out = tmp_path / "w"
     r = run_mpi(4, ARGS + ["--mode", "rma-arar-arar", "--set", "comm.inner_size=2", "--epochs", "3",
                            "--set", "train.state_every=1", "--output-dir", str(out)], timeout=180)
@@ -34,6 +34,7 @@ def test_an_outer_epoch_makes_every_generator_identical(tmp_path):
     assert not same(before[0]["generator"], before[2]["generator"])  # the groups trained apart until the outer epoch
     for s in after[1:]:
         assert same(after[0]["generator"], s["generator"])
+        assert same(after[0]["generator_ema"], s["generator_ema"])  # the checkpointed one (the preset's train.ema)
         assert same(moments(after[0]), moments(s)) and moments(s)
 
 
