@@ -386,7 +386,7 @@ class Trainer:
         gradient is not finite contributes zeros with weight 0 and still takes part). Returns 1 for a bad loss."""
         g = self.d_grads
         g.zero_()
-        finite = bool(torch.isfinite(loss_d))
+        finite = good_loss = bool(torch.isfinite(loss_d))  # one device sync
         if finite:
             self.scaler_d.scale(loss_d).backward()
             self.scaler_d.unscale_(self.opt_d)
@@ -398,9 +398,9 @@ class Trainer:
         g.load_back()
         if g.is_finite() and bool(g.flat.any()):  # as for the generator: every rank steps on the same mean
             self.opt_d.step()
-        if bool(torch.isfinite(loss_d)):
+        if good_loss:  # unscale_ ran: the loss scale follows this rank's own overflow
             self.scaler_d.update()
-        return int(not bool(torch.isfinite(loss_d)))
+        return int(not good_loss)
 
     @torch.no_grad()
     def _average_weights(self, epoch: int) -> None:

@@ -29,26 +29,38 @@ def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attr
             f.attrs[k] = v
 
 
-def read_reference(path: str | os.PathLike, datasets: dict[str, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read and validate. `datasets` maps each required dataset name to its number of columns."""
+def open_reference(path: str):
+    """The HDF5 file at `path`, open for reading, or a one-line DataError."""
     import h5py
 
-    path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"data file {path}: no such file (check environment.data_file)")
     try:
-        f = h5py.File(path, "r")
+        return h5py.File(path, "r")
     except OSError as e:
         raise DataError(f"data file {path}: not a readable HDF5 file ({str(e).splitlines()[0][:120]})") from None
-    with f:
+
+
+def checked_dataset(f, path: str, name: str, cols: int):
+    """Dataset `name` of the open file `f`: 2-D with `cols` columns and at least one row, or a one-line DataError."""
+    import h5py
+
+    if name not in f or not isinstance(f[name], h5py.Dataset):
+        have = ", ".join(sorted(f.keys())) or "nothing"
+        raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
+    ds = f[name]
+    if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
+        raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+    return ds
+
+
+def read_reference(path: str | os.PathLike, datasets: dict[str, int]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read and validate. `datasets` maps each required dataset name to its number of columns."""
+    path = os.fspath(path)
+    with open_reference(path) as f:
         arrays = {}
         for name, cols in datasets.items():
-            if name not in f or not isinstance(f[name], h5py.Dataset):
-                have = ", ".join(sorted(f.keys())) or "nothing"
-                raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
-            ds = f[name]
-            if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
-                raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+            ds = checked_dataset(f, path, name, cols)
             try:
                 arr = np.asarray(ds[...], dtype=np.float32)
             except OSError as e:

@@ -26,34 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from sagips.io.refdata import DataError
+from sagips.io.refdata import DataError, checked_dataset, open_reference
 
 MAX_BLOCK_ROWS = 65536  #: rows per block when the file is not chunked (or its chunks are larger): 0.5 MB at 2 columns
 MIN_BLOCKS = 64  #: a small file is still cut into this many blocks, so that ranks' subsets differ
 
 
-def _open(path: str):
-    import h5py
-
-    if not os.path.exists(path):
-        raise DataError(f"data file {path}: no such file (check environment.data_file)")
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        raise DataError(f"data file {path}: not a readable HDF5 file ({str(e).splitlines()[0][:120]})") from None
-
-
 def _describe(f, path: str, datasets: dict[str, int]) -> dict[str, Any]:
-    import h5py
-
     out: dict[str, Any] = {"datasets": {}, "attrs": {k: np.asarray(v).tolist() for k, v in f.attrs.items()}}
     for name, cols in datasets.items():
-        if name not in f or not isinstance(f[name], h5py.Dataset):
-            have = ", ".join(sorted(f.keys())) or "nothing"
-            raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
-        ds = f[name]
-        if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
-            raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+        ds = checked_dataset(f, path, name, cols)
         out["datasets"][name] = {"shape": list(ds.shape), "dtype": str(ds.dtype),
                                  "chunk_rows": int(ds.chunks[0]) if ds.chunks else 0}
     rows = {d["shape"][0] for d in out["datasets"].values()}
@@ -67,7 +49,7 @@ def read_layout(path: str | os.PathLike, datasets: dict[str, int]) -> dict[str, 
     """{"path", "rows", "datasets": {name: {"shape", "dtype", "chunk_rows"}}, "attrs"} of a reference file,
     validated (the datasets exist, have `datasets[name]` columns and the same rows); reads no event data."""
     path = os.fspath(path)
-    with _open(path) as f:
+    with open_reference(path) as f:
         layout = _describe(f, path, datasets)
     layout["path"] = path
     layout["checksum"] = layout_checksum(layout)
@@ -163,7 +145,7 @@ def _runs(ranges: np.ndarray, gap_rows: int) -> list[tuple[int, int]]:
 def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets: dict[str, int]
                 ) -> dict[str, np.ndarray]:
     """The rows `ranges` of each dataset (float32, in file order). The file must still have `layout`."""
-    with _open(path) as f:
+    with open_reference(path) as f:
         now = _describe(f, path, datasets)
         now["path"] = path
         st = os.stat(path)
