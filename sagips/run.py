@@ -135,21 +135,6 @@ def saved_config(output_dir: str | None) -> dict:
     raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
 
 
-def on_root(comm, fn, *args):
-    """fn(*args) on rank 0 of `comm`, its result shared with every rank; a ConfigError there is raised on every rank
-    (the same one-line message, printed once by rank 0)."""
-    out = None
-    if comm.rank == 0:
-        try:
-            out = ("ok", fn(*args))
-        except ConfigError as e:
-            out = ("error", str(e))
-    kind, value = comm.bcast(out, root=0)
-    if kind == "error":
-        raise ConfigError(value)
-    return value
-
-
 def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     """The previous run.json, after checking that this run can continue it."""
     try:
@@ -260,6 +245,8 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
 def _configure(r: _Run) -> None:
     """The config (every rank validates the same input: the same error everywhere), the ensemble members' communicators,
     the output directory and, on --resume, the epoch that every rank holds."""
+    from sagips.io.distribute import on_root  # (numpy: not at the top, which runs before the supervisor forks)
+
     args, world = r.args, r.world
     flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
              "ensemble.members": args.ensemble_size}

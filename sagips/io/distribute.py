@@ -59,3 +59,23 @@ def broadcast_arrays(comm, make: Callable[[], tuple[dict[str, np.ndarray], dict[
             arrays[name] = np.empty(shape, dtype=np.float32)
         comm.Bcast([arrays[name], MPI.FLOAT], root=root)
     return arrays, header["attrs"]
+
+
+def on_root(comm, fn, *args):
+    """fn(*args) on rank 0 of `comm`, its result shared with every rank. A ConfigError or DataError there is raised
+    on every rank as the same class with the same one-line message (printed once, by rank 0), so that file-system
+    work is done once per job and no rank waits for a rank that failed."""
+    from sagips.errors import ConfigError
+    from sagips.io.refdata import DataError
+
+    kinds = {"ConfigError": ConfigError, "DataError": DataError}
+    out = None
+    if comm.rank == 0:
+        try:
+            out = ("ok", fn(*args))
+        except (ConfigError, DataError) as e:
+            out = ("DataError" if isinstance(e, DataError) else "ConfigError", str(e))
+    kind, value = comm.bcast(out, root=0)
+    if kind != "ok":
+        raise kinds[kind](value)
+    return value

@@ -67,16 +67,9 @@ def layout_checksum(layout: dict[str, Any]) -> str:
 
 def share_layout(comm, path: str, datasets: dict[str, int]) -> dict[str, Any]:
     """Rank 0 reads the layout; every rank gets it, or raises rank 0's DataError (the same line everywhere)."""
-    out = None
-    if comm.rank == 0:
-        try:
-            out = ("ok", read_layout(path, datasets))
-        except DataError as e:
-            out = ("error", str(e))
-    kind, value = comm.bcast(out, root=0)
-    if kind == "error":
-        raise DataError(value)
-    return value
+    from sagips.io.distribute import on_root
+
+    return on_root(comm, read_layout, path, datasets)
 
 
 def agree(comm, fn, *args):
