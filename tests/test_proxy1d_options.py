@@ -65,3 +65,12 @@ def test_output_layer_init_scale():
     with torch.no_grad():
         assert torch.allclose(G0(z), torch.full((64, 6), 0.5))  # every noise vector at the middle of the box
         assert G01(z).std(0).max() < G1(z).std(0).max()
+
+
+def test_critic_width_alone():
+    env = make_env(["environment.d_hidden=32"])
+    D, G = env.build_discriminator(), env.build_generator()
+    assert D[0].out_features == 32 and D[2].in_features == 32
+    assert G[0].out_features == 128  # the generator keeps environment.hidden
+    # 2*32+32 + 3*(32*32+32) + 32+1 parameters
+    assert sum(p.numel() for p in D.parameters()) == 96 + 3 * 1056 + 33

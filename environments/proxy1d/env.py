@@ -38,6 +38,8 @@ class Proxy1DConfig:
     subset_fraction: float = opt(0.5, "fraction of the reference data each rank keeps", gt=0.0, max=1.0)
     noise_dim: int = opt(6, "generator noise dimension", min=1)
     hidden: int = opt(128, "hidden width of both networks", min=1)
+    d_hidden: int | None = opt(None, "hidden width of the discriminator alone (null = hidden, the paper's); a "
+                               "narrower critic costs less per event, so an epoch can show it more events", min=1)
     layers: int = opt(4, "hidden layers of both networks", min=1)
     loss: str = opt("bce", "adversarial loss: 'bce' (non-saturating GAN) or 'mse' (least squares)",
                     choices=("bce", "mse"))
@@ -148,7 +150,7 @@ class Proxy1D(Environment):
 
     def build_discriminator(self) -> torch.nn.Module:
         c = self.cfg
-        return mlp(2, 1, c.hidden, c.layers).to(self.device)
+        return mlp(2, 1, c.d_hidden or c.hidden, c.layers).to(self.device)
 
     # -- one epoch ---------------------------------------------------------------------------------------------
     def noise(self, n: int) -> torch.Tensor:
