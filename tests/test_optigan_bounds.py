@@ -138,3 +138,42 @@ def test_unit_direction_without_reflect_is_an_error():
 
     with pytest.raises(ConfigError, match="unit_direction=true needs"):
         _env(output_bounds="none", unit_direction=True)
+
+
+def test_bounds_penalty_is_the_raw_excess_and_enters_the_generator_loss():
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError, match="bounds_penalty=2.0 needs environment.output_bounds=reflect"):
+        _env(output_bounds="none", bounds_penalty=2.0)
+    on, off = _env(output_bounds="reflect", bounds_penalty=2.0), _env(output_bounds="reflect")
+    torch.manual_seed(0)
+    G = on.build_generator()
+    with torch.no_grad():
+        for p in G.model.parameters():  # a wide output: many raw photons outside the face
+            p.mul_(3.0)
+    D = on.build_discriminator()
+    real = on.real_batch()
+    on.gen.manual_seed(5)
+    fake = on.synthesize(G, real)
+    assert G.excess is None  # taken by the environment: no module keeps a graph
+    # an independent truth: the raw network (folds off) and the bounds, excess computed here
+    from sagips_environments.optigan.env import unfolded
+
+    on.gen.manual_seed(5)
+    noise = torch.randn((len(real), on.cfg.noise_dim), generator=on.gen)
+    with unfolded(G), torch.no_grad():
+        raw = G(torch.cat([noise, real[:, 6:]], 1))
+    lo, hi = (torch.as_tensor(b) for b in on.bounds())
+    over = torch.clamp(lo - raw, min=0) + torch.clamp(raw - hi, min=0)
+    want = ((over / G.out_std) ** 2).sum(1).mean()
+    assert float(want) > 0.1
+    assert abs(float(on._excess.detach()) - float(want)) < 1e-4 * float(want)
+    on.d_loss(D, real, fake)  # g_loss reports the critic step's figures too
+    loss_on, extras = on.g_loss(D, real, fake)
+    off._last = dict(on._last)
+    loss_off, _ = off.g_loss(D, real, fake)
+    assert abs(float(loss_on - loss_off) - 2.0 * float(want)) < 1e-3 * float(want)
+    assert float(extras["excess"]) == pytest.approx(float(want), rel=1e-4)
+    G.zero_grad()
+    loss_on.backward()  # the penalty's gradient reaches the generator
+    assert float(G.model[0].weight.grad.abs().sum()) > 0

@@ -85,6 +85,11 @@ class OptiGANConfig:
     unit_direction: bool = opt(False, "with output_bounds=reflect, make each generated direction a unit vector: "
                                "dZ as generated, (dX, dY) rescaled along their azimuth to sqrt(1 - dZ^2); not in "
                                "an opengate export")
+    bounds_penalty: float = opt(0.0, "with output_bounds=reflect, weight of a generator-loss penalty on the raw "
+                                "network's outputs outside the bounds (mean over photons of the squared excess, "
+                                "in standardised units): the network learns to stay inside, so that the fold is "
+                                "the identity on almost every photon and the opengate export (the network alone) "
+                                "keeps the quality; 0 = off", min=0.0)
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -119,9 +124,11 @@ class OptiGANConfig:
                 raise ConfigError(f"environment.data_on_device={str(self.data_on_device).lower()} (deprecated) "
                                   f"contradicts environment.loader={self.loader}; set loader only")
             self.loader = implied
-        for key in ("energy_bounds", "unit_direction"):  # refinements of the reflect fold
-            if getattr(self, key) and self.output_bounds != "reflect":
-                raise ConfigError(f"environment.{key}=true needs environment.output_bounds=reflect (got "
+        for key in ("energy_bounds", "unit_direction", "bounds_penalty"):  # refinements of the reflect fold
+            value = getattr(self, key)
+            if value and self.output_bounds != "reflect":
+                value = str(value).lower() if isinstance(value, bool) else value
+                raise ConfigError(f"environment.{key}={value} needs environment.output_bounds=reflect (got "
                                   f"{self.output_bounds!r}); set both, or drop {key}")
         for key in ("heldout_file", "init_generator"):
             path = getattr(self, key)
@@ -283,6 +290,7 @@ class OptiGAN(Environment):
         if c.output_bounds == "reflect":
             G.set_bounds(*self.bounds())
             G.set_unit_direction(c.unit_direction)
+            G.track_excess = c.bounds_penalty > 0
         if c.init_generator:
             from .opengate import load_weights_into
 
@@ -341,6 +349,9 @@ class OptiGAN(Environment):
         cond = real[:, PHOTON_DIM:]
         noise = torch.randn((len(real), self.cfg.noise_dim), generator=self.gen, device=self.device)
         fake = G(torch.cat([noise, cond], dim=1))
+        if self.cfg.bounds_penalty > 0:  # for g_loss: the raw outputs' excess over the bounds, from this forward
+            m = getattr(G, "module", G)
+            self._excess, m.excess = m.excess, None  # taken, so that no module holds a graph
         return torch.cat([fake.float(), cond], dim=1)
 
     def d_loss(self, D, real, fake) -> torch.Tensor:
@@ -364,7 +375,10 @@ class OptiGAN(Environment):
 
     def g_loss(self, D, real, fake) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         n = len(fake)
-        return self.critic_loss(lambda f: -D(f).float().sum() / n, (fake,), D), dict(self._last)
+        loss = self.critic_loss(lambda f: -D(f).float().sum() / n, (fake,), D)
+        if self.cfg.bounds_penalty > 0:
+            return loss + self.cfg.bounds_penalty * self._excess, {**self._last, "excess": self._excess.detach()}
+        return loss, dict(self._last)
 
     @property
     def events_per_epoch(self) -> int:

@@ -65,6 +65,8 @@ class OptiGANGenerator(nn.Module):
         self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=False)
         self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=False)
         self.bounded = False
+        self.track_excess = False  #: forward sets `excess` (the environment's bounds_penalty takes it)
+        self.excess: torch.Tensor | None = None
         self.unit_direction = False  #: set_unit_direction: (dX, dY, dZ) put on the unit sphere
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,6 +74,9 @@ class OptiGANGenerator(nn.Module):
         h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
         out = torch.addcmul(self.out_mean, self.model(h), self.out_std)
         if self.bounded:
+            if self.track_excess:  # the raw outputs' squared excess over the bounds, standardised, mean over rows
+                over = torch.relu(self.out_lo - out) + torch.relu(out - self.out_hi)
+                self.excess = (over / self.out_std).pow(2).sum(1).mean()
             out = reflect_into(out, self.out_lo, self.out_hi)
         return onto_unit_sphere(out) if self.unit_direction else out
 
