@@ -370,7 +370,8 @@ def _load_data(r: _Run) -> None:
     own subset straight from the file (`data.subset`) and hands it to `attach_subset`. No file: every rank generates
     the data from the seed and keeps its random subset (`attach_data`). Environments without `attach_subset`, and
     generators too costly to run on every rank (`generate_per_rank = False`), keep the old way: world rank 0 loads or
-    generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states)."""
+    generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states).
+    With data.share=node, the ranks of a node hold one subset, the node's, in a shared window (`_load_node_subset`)."""
     import numpy as np
 
     from sagips.environment import Environment
