@@ -133,6 +133,10 @@ class DataConfig:
                       "give each rank whole stretches of them) or 'rows' (a uniform random choice of rows; each rank "
                       "reads the whole file once, in blocks: for small files); generated data is always chosen by "
                       "rows", choices=("blocks", "rows"))
+    share: str = opt("rank", "with environment.data_file: 'rank' (every rank holds its own random subset) or 'node' "
+                     "(the ranks of one node hold one subset of subset_fraction x N rows, chosen per node, in one "
+                     "MPI shared-memory window, and each rank bootstraps its batches from it: ranks-per-node times "
+                     "less memory, e.g. 4x on Polaris; for large files)", choices=("rank", "node"))
 
 
 @dataclass

@@ -73,6 +73,10 @@ class Environment(abc.ABC):
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     #: every rank runs `generate_reference` itself (cheap generators); False: rank 0 runs it and broadcasts the data
     generate_per_rank: ClassVar[bool] = True
+    #: `attach_subset` keeps the arrays it is given as they are (on a CPU device, no copy; a GPU copy is its own), so
+    #: that data.share=node holds one copy of the data per node (they are then views of the node's shared window,
+    #: valid until the run ends); False: data.share=node is refused
+    keeps_arrays: ClassVar[bool] = False
     #: indices of the reference rows this rank keeps (saved in the training state; --resume restores them through
     #: `select_subset`); None where the environment keeps no subset
     subset_idx: Optional[np.ndarray] = None

@@ -126,6 +126,7 @@ class ParametricEnvironment(Environment):
     event_width: ClassVar[int] = 1  #: columns of one event (simulate form; the density form has 1)
     n_uniforms: ClassVar[int | None] = None  #: uniforms per event passed to simulate (None = event_width)
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
+    keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
     pipeline_method: ClassVar[str] = "density"  #: the user's method, named by the first-epoch checks
     Config: ClassVar[type] = ParametricConfig
     datasets: ClassVar[dict[str, int]] = {"events": 1}

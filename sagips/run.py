@@ -211,7 +211,7 @@ class _Run:
         self.args, self.world, self.peer = args, world, peer
         self.phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
         self._t = time.perf_counter()
-        self.topo = self.exchange = self.agreement = None
+        self.topo = self.exchange = self.agreement = self.node_data = None
 
     def phase(self, name: str) -> None:
         now = time.perf_counter()
@@ -236,9 +236,11 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     stopped = _fit(r)
     _clean_up(r)
     if stopped is not None:
+        _free_node_data(r)
         print(f"sagips: rank {r.comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
     _finish(r)
+    _free_node_data(r)
     return 0
 
 
@@ -368,7 +370,8 @@ def _load_data(r: _Run) -> None:
     own subset straight from the file (`data.subset`) and hands it to `attach_subset`. No file: every rank generates
     the data from the seed and keeps its random subset (`attach_data`). Environments without `attach_subset`, and
     generators too costly to run on every rank (`generate_per_rank = False`), keep the old way: world rank 0 loads or
-    generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states)."""
+    generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states).
+    With data.share=node, the ranks of a node hold one subset, the node's, in a shared window (`_load_node_subset`)."""
     import numpy as np
 
     from sagips.environment import Environment
@@ -385,10 +388,16 @@ def _load_data(r: _Run) -> None:
     r.env = env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
     fraction = float(getattr(r.env_cfg, "subset_fraction", 1.0))
     reads_own = type(env).attach_subset is not Environment.attach_subset
-    r.data_key = {"seed": cfg.seed, "member": r.member, "rank": r.comm.rank, "subset_fraction": fraction}
+    r.data_key = {"seed": cfg.seed, "member": r.member, "rank": r.comm.rank, "subset_fraction": fraction,
+                  "share": cfg.data.share}
+    if cfg.data.share == "node":
+        _check_node_share(cfg, env_cls, data_file, reads_own)
     if data_file and reads_own:
-        arrays, layout, ranges = shard.load_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
-                                                   cfg.data.subset)
+        if cfg.data.share == "node":
+            arrays, layout, ranges = _load_node_subset(r, fraction)
+        else:
+            arrays, layout, ranges = shard.load_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
+                                                       cfg.data.subset)
         env.attach_subset(arrays, layout["attrs"])
         shared = env.shared_state()
         if shared:
@@ -410,6 +419,30 @@ def _load_data(r: _Run) -> None:
         r.data_key.update(file=os.path.abspath(data_file) if data_file else None, subset="rows")
     del arrays
     r.phase("reference_data")
+
+
+def _load_node_subset(r: _Run, fraction: float):
+    """data.share=node: the node's one subset (keyed by the node's index, which joins the rank's data key) in the
+    node's shared window, r.node_data (freed by `_free_node_data`); (its arrays, the layout, the node's ranges)."""
+    from sagips.io import shard
+    from sagips.io.nodeshare import NodeData, split_nodes
+
+    node, r.data_key["node"] = split_nodes(r.comm)
+    seed = shard.node_seed(r.cfg.seed, r.member, r.data_key["node"])
+    layout, ranges = shard.plan_subset(r.world, r.data_file, r.env_cls.datasets, seed, fraction, r.cfg.data.subset)
+    r.node_data = NodeData(node, r.data_file, layout, ranges, r.env_cls.datasets, r.world)
+    return r.node_data.arrays, layout, ranges
+
+
+def _check_node_share(cfg, env_cls, data_file, reads_own: bool) -> None:
+    """data.share=node needs a data file and an environment that keeps the arrays it is given (no copy)."""
+    if not data_file:
+        raise ConfigError("data.share=node shares a data file's rows, and no environment.data_file is set (generated "
+                          "data is made on every rank); set environment.data_file, or data.share=rank")
+    if not (reads_own and env_cls.keeps_arrays):
+        raise ConfigError(f"data.share=node: environment {cfg.environment.name!r} copies the rows it is given "
+                          f"(Environment.keeps_arrays is False), so a node's shared copy would save no memory; "
+                          f"use data.share=rank")
 
 
 def _build_trainer(r: _Run) -> None:
@@ -473,8 +506,11 @@ def _describe(r: _Run) -> None:
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
         "events_per_epoch": env.events_per_epoch, "batch": r.batch,
         "reference_fraction": getattr(r.env_cfg, "subset_fraction", None),
-        # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank
-        "reference_data": {k: v for k, v in r.data_key.items() if k not in ("rank", "member")},
+        # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank; with
+        # data.share=node, the size of rank 0's node window (every node holds as many rows) and the ranks sharing it
+        "reference_data": {**{k: v for k, v in r.data_key.items() if k not in ("rank", "member", "node")},
+                           **({"node_window_bytes": r.node_data.nbytes, "node_ranks": r.node_data.node.Get_size()}
+                              if r.node_data is not None else {})},
         "n_critic": env.n_critic, "generator_params": n_params,
         "exchanged_floats": (trainer.grads.n if r.topo is not None else n_params if r.peer is not None else 0),
         "layout": (r.topo.describe() if r.topo is not None else
@@ -496,7 +532,11 @@ def _describe(r: _Run) -> None:
         for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
             os.unlink(state_path(out_dir, comm.rank, stale))
         trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)
-        trainer.load_state_dict(load_state(out_dir, comm.rank, epoch0))
+        from sagips.io.shard import agree
+
+        # a refused state (another data key: e.g. data.share, or a rank now on another node) may be refused on some
+        # ranks only: every rank raises the first refusal, none waits in a later collective
+        agree(comm, trainer.load_state_dict, load_state(out_dir, comm.rank, epoch0), error=ConfigError)
         if r.is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
@@ -551,6 +591,7 @@ def _fit(r: _Run):
         # the environment failed a first-epoch check (sagips.checks): every rank raised it at the same point, before
         # any exchange, so the collective clean-up is safe; main() prints the one line once and exits with status 2
         _free(r)
+        _free_node_data(r)
         raise
     except BaseException:
         # Report and abort BEFORE any collective clean-up: freeing an RMA window or a communicator is collective,
@@ -583,6 +624,14 @@ def _free(r: _Run) -> None:
         r.topo.free()
     if r.peer is not None:
         r.peer.close()
+
+
+def _free_node_data(r: _Run) -> None:
+    """data.share=node: free the node's window (collective over the node, the same point on every rank), after the
+    environment's last use of the data (`_finish` may still evaluate it). The environment's views of the window
+    (proxy1d's `data` tensor) are not used after this point."""
+    if r.node_data is not None:
+        r.node_data.free()
 
 
 def _finish(r: _Run) -> None:

@@ -257,7 +257,8 @@ class Trainer:
 
     def _check_data_key(self, saved: dict[str, Any]) -> None:
         """The subset this run rebuilt from its key must be the saved state's: the same file layout, seed, fraction
-        and mode. Otherwise a one-line ConfigError (the same on every rank: the key differs on all of them)."""
+        and mode, and with data.share=node the same node index. Otherwise a one-line ConfigError (sagips.run makes a
+        refusal on some ranks, e.g. of the ranks now on another node, a refusal on every rank)."""
         from sagips.config import ConfigError
 
         now = self.data_key or {}
@@ -268,7 +269,8 @@ class Trainer:
             raise ConfigError(f"--resume: data file {what} is not the data this run was trained on "
                               f"({saved.get('file') or 'generated data'}, layout {saved.get('layout')}; now "
                               f"{now.get('layout')}); resume with the original file")
-        diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset")
+        saved, now = {"share": "rank", **saved}, {"share": "rank", **now}  # (a state from before data.share)
+        diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset", "share", "node")
                 if saved.get(k) != now.get(k)]
         if diff:
             changes = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff)

@@ -13,6 +13,7 @@ import torch
 
 from sagips.io import shard
 from sagips.io.refdata import DataError
+from sagips.trainer import rank_seeds
 from tests._mpirun import run_mpi
 
 ROWS, CHUNK, FRACTION = 20000, 256, 0.5
@@ -99,18 +100,32 @@ def test_errors_are_one_line(tmp_path, data_file):
         shard.read_subset(str(moving), layout, shard.subset_ranges(1, layout, FRACTION, "blocks"), {"events": 2})
 
 
-def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_file, capsys):
-    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+def _full_and_cut(tmp_path, data_file, *extra):
+    """A run of 4 epochs (full) and one of 2 (cut), in-process, with `data_file`; resume cut to 4 to compare."""
     from sagips.run import main
 
     args = ["--config", "configs/proxy1d-quick.yaml", "--no-progress", "--set", f"environment.data_file={data_file}",
             "--set", "environment.param_samples=8", "--set", "environment.events_per_sample=10",
             "--set", "train.quality_samples=8", "--set", "train.state_every=2", "--set", "train.checkpoint_every=2",
             "--set", "train.log_every=2", "--set", "train.ema=0", "--set", "train.amp=none",
-            "--set", "train.lr_final=1"]  # no schedule over the epochs: a run of 2 epochs is the start of one of 4
+            "--set", "train.lr_final=1", *extra]  # no schedule over the epochs: 2 epochs are the start of 4
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main([*args, "--epochs", "4", "--output-dir", str(full)]) == 0
     assert main([*args, "--epochs", "2", "--output-dir", str(cut)]) == 0
+    return full, cut
+
+
+def _same_final_generators(full, cut):
+    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+
+    g_full, g_cut = (load_checkpoint(list_checkpoints(d)[0][4])["generator"] for d in (full, cut))
+    return all(torch.equal(g_full[k], g_cut[k]) for k in g_full)
+
+
+def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_file, capsys):
+    from sagips.run import main
+
+    full, cut = _full_and_cut(tmp_path, data_file)
     sd = torch.load(cut / "state" / "rank0000" / "epoch0000002.pt", weights_only=True)
     assert "subset_idx" not in sd and not any(isinstance(v, torch.Tensor) and v.dtype == torch.int64 and
                                               v.numel() > 100 for v in sd.values())
@@ -119,8 +134,7 @@ def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_
     assert key["rows"] == round(0.5 * ROWS) and key["subset"] == "blocks"
     assert json.loads((cut / "run.json").read_text())["reference_data"]["layout"] == key["layout"]
     assert main(["--resume", "--epochs", "4", "--output-dir", str(cut), "--no-progress"]) == 0
-    g_full, g_cut = (load_checkpoint(list_checkpoints(d)[0][4])["generator"] for d in (full, cut))
-    assert all(torch.equal(g_full[k], g_cut[k]) for k in g_full)  # bit-exact
+    assert _same_final_generators(full, cut)  # bit-exact
     other = tmp_path / "other.h5"
     _file(other, rows=ROWS + 7)
     capsys.readouterr()
@@ -165,3 +179,66 @@ def test_nan_is_named_by_its_row_in_the_file(tmp_path):
     ranges = np.array([[100, 110], [770, 780]])
     with pytest.raises(DataError, match="1 NaN/Inf values in this rank's rows \\(first in row 777\\)"):
         shard.read_subset(str(tmp_path / "nan.h5"), layout, ranges, {"events": 2})
+
+
+# -- data.share=node: one copy per node in a shared-memory window ---------------------------------------------------
+def test_share_node_holds_one_copy_of_the_nodes_subset(data_file, tmp_path):
+    """At N = 4 on one host: the real node (COMM_TYPE_SHARED, one node of 4) and the ranks posing as 2 nodes of 2.
+    Truth: the file read whole with h5py, at the node seed's subset."""
+    r = run_mpi(4, ["tests/_nodeshare_worker.py", str(data_file), str(FRACTION), str(tmp_path)], timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with h5py.File(data_file) as f:
+        events = f["events"][...]
+    layout = shard.read_layout(data_file, {"events": 2})
+    keep = round(FRACTION * ROWS)
+    for split, nodes in (("node", [0, 0, 0, 0]), ("pairs", [0, 0, 1, 1])):
+        out = [json.loads((tmp_path / f"{split}{x}.json").read_text()) for x in range(4)]
+        assert [d["node"] for d in out] == nodes
+        for d in out:
+            size = d["node_size"]
+            # one allocation per node, of the node's rows once: each rank holds 1/size of them
+            assert d["allocated"] == [keep * 2 * 4] + [0] * (size - 1) and d["nbytes"] == keep * 2 * 4
+            ranges = shard.subset_ranges(shard.node_seed(7, 0, d["node"]), layout, FRACTION, "blocks")
+            assert d["ranges"] == ranges.tolist()
+            rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+            assert d["ids"] == rows.tolist() and d["first"] == events[rows[:3], 0].tolist()
+            assert d["zero_copy"]  # proxy1d's data is the window itself
+            assert set(d["batch"]) <= set(rows.tolist())  # bootstrapped from the node's rows
+        assert len({tuple(d["batch"]) for d in out}) == 4  # every rank draws its own batches
+        ids = {d["node"]: set(d["ids"]) for d in out}
+        if len(ids) == 2:
+            assert len(ids[0] & ids[1]) < 0.8 * keep  # two nodes, two random subsets
+    rank_rows = shard.subset_ranges(rank_seeds(7, 0, 0)[1], layout, FRACTION, "blocks")
+    assert not np.array_equal(rank_rows, shard.subset_ranges(shard.node_seed(7, 0, 0), layout, FRACTION, "blocks"))
+
+
+def test_rows_between_splits_a_subset_into_parts():
+    ranges = np.array([[0, 3], [10, 12], [20, 25]])
+    rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+    for lo, hi in [(0, 10), (0, 4), (2, 7), (3, 5), (5, 5), (9, 10)]:
+        part = shard.rows_between(ranges, lo, hi)
+        assert np.concatenate([np.arange(a, b) for a, b in part] or [[]]).tolist() == rows[lo:hi].tolist()
+
+
+def test_share_node_in_a_run_resumes_bit_exact_and_refuses_another_share(tmp_path, data_file, capsys):
+    """sagips.run with data.share=node (one rank: a node of one): the state's key names the share and the node, the
+    resume is bit-exact, a resume with data.share=rank is refused with one line, and so is share=node without a file."""
+    from sagips.run import main
+
+    full, cut = _full_and_cut(tmp_path, data_file, "--set", "data.share=node")
+    key = torch.load(cut / "state" / "rank0000" / "epoch0000002.pt", weights_only=True)["data_key"]
+    assert key["share"] == "node" and key["node"] == 0 and key["rows"] == round(FRACTION * ROWS)
+    record = json.loads((cut / "run.json").read_text())["reference_data"]
+    assert record["share"] == "node" and record["node_ranks"] == 1
+    assert record["node_window_bytes"] == round(FRACTION * ROWS) * 2 * 4  # the node's rows once, two float32 columns
+    assert main(["--resume", "--epochs", "4", "--output-dir", str(cut), "--no-progress"]) == 0
+    assert _same_final_generators(full, cut)  # bit-exact
+    capsys.readouterr()
+    assert main(["--resume", "--epochs", "6", "--output-dir", str(cut), "--no-progress",
+                 "--set", "data.share=rank"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data subset's key changed (share: 'node' -> 'rank', node: 0 -> None)" in err[0], err
+    assert main(["--no-progress", "--epochs", "1", "--output-dir", str(tmp_path / "gen"),
+                 "--set", "data.share=node"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.share=node" in err[0] and "no environment.data_file is set" in err[0], err

@@ -141,6 +141,8 @@ class OptiGAN(Environment):
     batch_key = "batch_size"  #: train.split_batch divides it (eq. 10)
     Config = OptiGANConfig
     datasets = {"photons": PHOTON_DIM, "conditions": COND_DIM}
+    #: attach_subset joins photons and conditions into one (N, 9) table, a copy: data.share=node would save nothing
+    keeps_arrays = False
     generate_per_rank = False  #: the MC is too costly to run on every rank: rank 0 runs it and broadcasts the data
 
     def __init__(self, cfg: OptiGANConfig, device: torch.device | str = "cpu", seed: int = 0):

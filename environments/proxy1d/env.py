@@ -78,6 +78,7 @@ class Proxy1D(Environment):
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
     Config = Proxy1DConfig
     datasets = {"events": 2}
+    keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
 
     def __init__(self, cfg: Proxy1DConfig, device: torch.device | str = "cpu", seed: int = 0):
         super().__init__(cfg, device, seed)

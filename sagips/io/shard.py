@@ -15,6 +15,9 @@ Modes (config `data.subset`):
 - `rows`: the rows are a uniform random choice (what every rank did before, when rank 0 broadcast the whole file);
   the rank reads the file in blocks and keeps its rows (all of the file passes through each rank: for small files).
 
+With `data.share: node` the ranks of one node hold one subset, keyed by `node_seed(seed, member, node)` instead of
+the rank's seed, in one shared-memory window (sagips/io/nodeshare.py); each rank reads `rows_between` its part of it.
+
 Every problem is a one-line `DataError`; `agree` makes an error of one rank an error of every rank (no hang).
 """
 from __future__ import annotations
@@ -72,16 +75,16 @@ def share_layout(comm, path: str, datasets: dict[str, int]) -> dict[str, Any]:
     return on_root(comm, read_layout, path, datasets)
 
 
-def agree(comm, fn, *args):
-    """fn(*args) on every rank; if it raises a DataError on any rank, every rank raises the first such error (by
-    rank), so that no rank is left waiting in a later collective."""
+def agree(comm, fn, *args, error: type[Exception] = DataError):
+    """fn(*args) on every rank; if it raises `error` on any rank, every rank raises the first such error (by rank),
+    so that no rank is left waiting in a later collective."""
     try:
         out, err = fn(*args), None
-    except DataError as e:
+    except error as e:
         out, err = None, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})"
     errors = [e for e in comm.allgather(err) if e is not None]
     if errors:
-        raise DataError(errors[0])
+        raise error(errors[0])
     return out
 
 
@@ -100,6 +103,13 @@ def n_keep(n: int, fraction: float, path: str = "") -> int:
         raise DataError(f"data file {path}: {n} rows are too few for subset_fraction={fraction} (it keeps none); "
                         f"use a larger file or a larger environment.subset_fraction")
     return k
+
+
+def node_seed(seed: int, member: int, node: int) -> int:
+    """The numpy seed of node `node`'s subset (data.share=node), from a stream of its own: the counterpart of
+    `rank_seeds(seed, member, rank)[1]` (sagips/trainer.py), which no rank's seed equals."""
+    s = np.random.SeedSequence([seed, member, node], spawn_key=(1,))
+    return int(s.generate_state(2, dtype=np.uint32)[1])
 
 
 def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: str) -> np.ndarray:
@@ -135,9 +145,11 @@ def _runs(ranges: np.ndarray, gap_rows: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets: dict[str, int]
-                ) -> dict[str, np.ndarray]:
-    """The rows `ranges` of each dataset (float32, in file order). The file must still have `layout`."""
+def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets: dict[str, int],
+                out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The rows `ranges` of each dataset (float32, in file order). The file must still have `layout`. out: arrays
+    of shape (rows of `ranges`, columns) to read into (a node's shared window, sagips/io/nodeshare.py), else new
+    ones."""
     with open_reference(path) as f:
         now = _describe(f, path, datasets)
         now["path"] = path
@@ -150,9 +162,10 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
         # adjacent blocks merged into one read
         one_row = len(ranges) and (ranges[:, 1] - ranges[:, 0]).max() == 1
         runs = _runs(ranges, block_rows(layout) if one_row else 1)
-        out = {}
-        for name, cols in datasets.items():
-            ds, arr, o, r = f[name], np.empty((k, cols), dtype=np.float32), 0, 0
+        out = dict(out) if out is not None else {name: np.empty((k, cols), dtype=np.float32)
+                                                  for name, cols in datasets.items()}
+        for name in datasets:
+            ds, arr, o, r = f[name], out[name], 0, 0
             sel = ranges.tolist()
             for a, b in runs:
                 try:
@@ -172,15 +185,32 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
                 row = int(ranges[j, 0] + i - (np.cumsum(lengths)[j] - lengths[j]))
                 raise DataError(f"data file {path}: dataset '{name}' holds {int(bad.sum())} NaN/Inf values in this "
                                 f"rank's rows (first in row {row}); clean the file")
-            out[name] = arr
     return out
+
+
+def plan_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str
+                ) -> tuple[dict[str, Any], np.ndarray]:
+    """(the layout, the ranges of the subset of `np_seed`) on every rank of `comm`; only the layout is broadcast."""
+    layout = share_layout(comm, path, datasets)
+    return layout, agree(comm, subset_ranges, np_seed, layout, fraction, mode)
 
 
 def load_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str
                 ) -> tuple[dict[str, np.ndarray], dict[str, Any], np.ndarray]:
     """What `sagips.run` does with a data file, on every rank of `comm`: (this rank's arrays, the layout, its
     ranges). Only the layout is broadcast; an error on any rank is a DataError on every rank."""
-    layout = share_layout(comm, path, datasets)
-    ranges = agree(comm, subset_ranges, np_seed, layout, fraction, mode)
+    layout, ranges = plan_subset(comm, path, datasets, np_seed, fraction, mode)
     arrays = agree(comm, read_subset, path, layout, ranges, datasets)
     return arrays, layout, ranges
+
+
+def rows_between(ranges: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """The part of `ranges` that holds the subset's rows lo..hi-1 (counted in subset order), as ranges; how the
+    ranks of one node split the reads of the node's subset (data.share=node)."""
+    lengths = ranges[:, 1] - ranges[:, 0]
+    before = np.concatenate([[0], np.cumsum(lengths)])  # subset rows before each range
+    keep = (before[1:] > lo) & (before[:-1] < hi)
+    part = ranges[keep].copy()
+    part[:, 0] += np.maximum(0, lo - before[:-1][keep])
+    part[:, 1] -= np.maximum(0, before[1:][keep] - hi)
+    return part.reshape(-1, 2)
