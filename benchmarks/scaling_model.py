@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: the sca
 
 from scaling.calibrate import (
     FIT_CASE,
+    _allreduce_rounds,
     _ring_parts,
     calibrate,
     calibrate_all,
@@ -85,7 +86,7 @@ from scaling.validate import (
 __all__ = [  # what `load_benchmark("scaling_model")` offers: the commands' main functions, as before the split
     "A100_EPOCH_S", "CURVES", "DOCS", "EPOCHS", "EXCHANGE_JSON", "FIG_RATE", "FIG_TIME", "FIT_CASE", "H",
     "MEASUREMENTS", "NOTES_MD", "N_WEIGHTS", "OUT_JSON", "OUT_MD", "POLARIS_SOURCES", "RANKS", "REPO",
-    "VALIDATION_EPOCHS", "VALIDATION_INNER", "VALIDATION_SETS", "_ring_parts", "calibrate", "calibrate_all",
+    "VALIDATION_EPOCHS", "VALIDATION_INNER", "VALIDATION_SETS", "_allreduce_rounds", "_ring_parts", "calibrate", "calibrate_all",
     "cmd_measure", "cmd_project", "cmd_report", "cmd_validate", "exchange_records", "figures", "fit_polling",
     "hop_scenarios", "load_json", "local_profile", "main", "measure_epoch", "measure_local", "measure_mpi",
     "mpi_worker", "paper_like_hop", "polaris_profile", "predict_run", "profile_dict", "projection", "report",

@@ -33,7 +33,10 @@ The exchanges (the same algorithms as sagips/comm/):
   bytes/2^i to a partner at distance 2^(L-i) (the farthest partner gets the largest message), over the inter-node
   link when the partner is on another node. It is a collective in which everybody depends on everybody after
   log2 N rounds, so it is modelled as a barrier: end[r] = max(arrive) + call_overhead_s + the round costs +
-  (N-1)/N n reduce_s_per_float. Unlike the Python ring, the per-round cost has no Python overhead (one call).
+  (N-1)/N n reduce_s_per_float + bytes * allreduce_s_per_byte (MPICH's own work per byte beyond the rounds). Unlike the Python ring, the per-round cost has no Python overhead (one call).
+  Mode `allreduce` makes two such calls per epoch (sagips.comm.modes.Allreduce): the buffer, then a 1-float count
+  of the contributors; the second starts when every rank has left the first, so only the first waits in the
+  back-off (polling below).
 - rma (the inner step of rma-arar-arar): no waiting on anybody: end[r] = arrive[r] + rma_fixed_s +
   (K-1) rma_per_peer_s (publish into K-1 windows, read and check K-1 slots, add them; all local work).
 - grouped modes: inner groups are blocks of inner_size consecutive ranks (as sagips.comm.topology with
@@ -97,6 +100,8 @@ class Profile:
     jitter_cv: float = 0.0            #: coefficient of variation of the compute time (Gaussian, clipped at 0)
     hop_overhead_s: float = 0.0       #: Python/mpi4py cost of one ring hop (Isend + Irecv + the wait loop)
     call_overhead_s: float = 0.0      #: Python/mpi4py cost of one collective call (Iallreduce, Ibcast + wait)
+    allreduce_s_per_byte: float = 0.0  #: an Iallreduce's per-byte cost beyond its modelled rounds (MPICH's own
+                                       #: copies and reductions in host memory), per byte of the buffer
     reduce_s_per_float: float = 0.0   #: one float32 addition in numpy, per element
     offload_s: float = 0.0            #: per epoch, every mode but ensemble: D2H + H2D of the buffer, copies, divide
     rma_fixed_s: float = 0.0          #: RMA exchange: fixed local cost per call
@@ -258,17 +263,26 @@ def ring_allreduce(arrive: np.ndarray, members: np.ndarray, prof: Profile, algor
     raise ValueError(f"ring algorithm {algorithm!r} is not one of {RINGS}")
 
 
-def allreduce_cost(n_ranks: int, prof: Profile) -> float:
-    """MPI_Allreduce modelled as Rabenseifner (recursive halving + doubling), block placement of ranks on nodes."""
+def allreduce_cost(n_ranks: int, prof: Profile, n_floats: int | None = None) -> float:
+    """One MPI_Allreduce of n_floats (default: the exchanged buffer, prof.n_floats + 1 floats on the wire) modelled
+    as Rabenseifner (recursive halving + doubling), block placement of ranks on nodes, plus call_overhead_s."""
     if n_ranks == 1:
         return 0.0
+    n = prof.n_floats if n_floats is None else n_floats
+    nbytes = prof.nbytes if n_floats is None else 4 * n_floats
     rounds = math.ceil(math.log2(n_ranks))
     total = prof.call_overhead_s
     for i in range(1, rounds + 1):
         distance = 2 ** (rounds - i)
         link = prof.intra if distance < prof.ranks_per_node else prof.inter
-        total += 2 * link.time(prof.nbytes / 2 ** i)  # reduce-scatter round + the mirrored all-gather round
-    return total + (n_ranks - 1) / n_ranks * prof.n_floats * prof.reduce_s_per_float
+        total += 2 * link.time(nbytes / 2 ** i)  # reduce-scatter round + the mirrored all-gather round
+    return total + (n_ranks - 1) / n_ranks * n * prof.reduce_s_per_float + nbytes * prof.allreduce_s_per_byte
+
+
+def allreduce_mode_cost(n_ranks: int, prof: Profile) -> float:
+    """The exchange of mode `allreduce` (sagips.comm.modes.Allreduce) once every rank has arrived: the buffer's
+    Iallreduce, then a 1-float Iallreduce of the contributors' count (ranks that dropped a non-finite gradient)."""
+    return allreduce_cost(n_ranks, prof) + allreduce_cost(n_ranks, prof, n_floats=1)
 
 
 def bcast_cost(k: int, prof: Profile) -> float:
@@ -318,7 +332,7 @@ def simulate(mode: str, n_ranks: int, epochs: int, profile: Profile, *, inner_si
     world = np.arange(n_ranks).reshape(1, n_ranks)
     blocks = groups_of(n_ranks, k)
     leaders = np.arange(0, n_ranks, k)
-    ar_cost = allreduce_cost(n_ranks, prof)
+    ar_cost = allreduce_mode_cost(n_ranks, prof)
     bc_cost = bcast_cost(k, prof)
     group_of = np.arange(n_ranks) // k
     sizes = np.bincount(group_of)

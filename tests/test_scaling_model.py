@@ -4,6 +4,7 @@ Every expected number below was computed by hand from the rules in benchmarks/si
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -116,8 +117,12 @@ def test_allreduce_is_a_barrier_plus_rabenseifner_rounds():
     link = Link(0.01, 32.0)
     prof = profile(intra=link, inter=link, n_floats=7, call_overhead_s=0.1)
     assert allreduce_cost(4, prof) == pytest.approx(1.64)
+    # MPICH's own work per byte of the buffer, beyond the rounds: 32 B x 0.01 s/B
+    assert allreduce_cost(4, profile(intra=link, inter=link, n_floats=7, call_overhead_s=0.1,
+                                     allreduce_s_per_byte=0.01)) == pytest.approx(1.64 + 0.32)
     res = simulate("allreduce", 4, 1, prof, delays={2: 0.5})
-    np.testing.assert_allclose(res.finish, [1.5 + 1.64] * 4)
+    # + the mode's count (1 float = 4 B): call 0.1 + 2 * (0.01 + 2/32) + 2 * (0.01 + 1/32) = 0.3275
+    np.testing.assert_allclose(res.finish, [1.5 + 1.64 + 0.3275] * 4)
     # with 2 ranks per node, the first round (distance 2) crosses nodes: 2 * (0.01 + 16/8) instead of 2 * 0.51
     prof2 = profile(intra=link, inter=Link(0.01, 8.0), ranks_per_node=2, n_floats=7, call_overhead_s=0.1)
     assert allreduce_cost(4, prof2) == pytest.approx(0.1 + 2 * 2.01 + 2 * 0.26)
@@ -243,34 +248,99 @@ def _benchmark_module():
     return load_benchmark("scaling_model")
 
 
-def test_calibrate_recovers_alpha_beta_from_synthetic_ring_times():
-    sm = _benchmark_module()
-    local = {"add_s_per_float": 2e-10, "copy_s_per_float": 1.5e-10, "divide_s_per_float": 3e-10,
-             "memcpy_s_per_byte": 4e-11, "crc32_s_per_byte": 3e-10}
-    alpha, beta = 30e-6, 1e-9
+LOCAL = {"add_s_per_float": 2e-10, "copy_s_per_float": 1.5e-10, "divide_s_per_float": 3e-10,
+         "memcpy_s_per_byte": 4e-11, "crc32_s_per_byte": 3e-10}
+
+
+def synthetic_records(sm, alpha, beta, t0, call, ns=(2,), call_by_n=None, ar_per_byte=50e-12):
+    """Exchange records as measure.py writes them, made from known constants: ring calls, hops alone, one
+    Iallreduce per size and mode allreduce's exchange (two Iallreduce calls), the RMA at N=2."""
     recs = []
-    for tech in ("ring-whole", "ring-chunked"):
+    for n_ranks in ns:
+        over = (call_by_n or {}).get(n_ranks, call)
         for n in (16, 12_672, 50_688):
-            hops, nbytes, loc = sm._ring_parts(tech, 2, n, local)
-            t = loc + hops * (alpha + nbytes * beta)
-            recs.append({"technique": tech, "n_ranks": 2, "n_floats": n, "seconds": t, "p10_s": t})
+            for tech in ("ring-whole", "ring-chunked"):
+                hops, nbytes, loc = sm._ring_parts(tech, n_ranks, n, LOCAL)
+                t = loc + t0 + hops * (alpha + nbytes * beta)
+                recs.append({"technique": tech, "n_ranks": n_ranks, "n_floats": n, "seconds": t, "p10_s": t})
+            t = alpha + (4 * n + 8) * beta
+            recs.append({"technique": "hop", "n_ranks": n_ranks, "n_floats": n, "seconds": t, "p10_s": t})
+            t = over + sm._allreduce_rounds(n_ranks, n, beta, LOCAL) + 4 * (n + 1) * ar_per_byte
+            recs.append({"technique": "allreduce", "n_ranks": n_ranks, "n_floats": n, "seconds": t, "p10_s": t})
+        t = 2 * over + sm._allreduce_rounds(n_ranks, 50_688, beta, LOCAL) + \
+            sm._allreduce_rounds(n_ranks, 1, beta, LOCAL) + 4 * (50_688 + 1 + 1 + 1) * ar_per_byte
+        recs.append({"technique": "allreduce-mode", "n_ranks": n_ranks, "n_floats": 50_688, "seconds": t, "p10_s": t})
     recs.append({"technique": "rma", "n_ranks": 2, "n_floats": 50_688, "seconds": 5e-4, "p10_s": 5e-4})
-    cal = sm.calibrate({"meta": {"cores": 2}, "local": local, "exchange": recs})
+    return recs
+
+
+def test_calibrate_recovers_each_constant_from_the_measurement_that_isolates_it():
+    sm = _benchmark_module()
+    alpha, beta, t0, call = 30e-6, 1e-9, 20e-6, 25e-6
+    recs = synthetic_records(sm, alpha, beta, t0, call)
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": LOCAL, "exchange": recs})
+    assert cal["hop_fit"] == "hop"
     assert cal["alpha_s"] == pytest.approx(alpha, rel=1e-6)
     assert cal["beta_s_per_byte"] == pytest.approx(beta, rel=1e-6)
-    assert cal["t0_s"] == pytest.approx(0.0, abs=1e-9)
+    assert cal["t0_s"] == pytest.approx(t0, rel=1e-6)
+    assert cal["call_overhead_s"] == pytest.approx(call, rel=1e-6)
+    assert cal["allreduce_s_per_byte"] == pytest.approx(50e-12, rel=1e-6)
     assert all(abs(r["rel_error"]) < 1e-6 for r in cal["residuals"])
+    assert all(abs(r["rel_error_median"]) < 1e-6 for r in cal["allreduce_check"])
     assert cal["rma_fixed_s"] + cal["rma_per_peer_s"] == pytest.approx(5e-4)
-    assert cal["at_bounds"] == ["t0_s"]  # no fixed cost in these times: t0 sits at 0, and the page says so
+    assert cal["at_bounds"] == []
     assert [label for label, _, _ in sm.hop_scenarios(cal)] == ["Python hop overhead / 3", "Python hop overhead x 3"]
+    # no fixed cost per ring call: t0 sits at 0, and the page says so
+    recs = synthetic_records(sm, alpha, beta, 0.0, call)
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": LOCAL, "exchange": recs})
+    assert cal["at_bounds"] == ["t0_s"]
     # a per-hop cost below the MPI latency leaves nothing for Python: hop_overhead_s is clamped, and flagged
-    for r in recs:
-        if r["technique"] != "rma":
-            hops, nbytes, loc = sm._ring_parts(r["technique"], 2, r["n_floats"], local)
-            r["seconds"] = r["p10_s"] = loc + 1e-5 + hops * (0.5e-6 + nbytes * beta)
-    cal = sm.calibrate({"meta": {"cores": 2}, "local": local, "exchange": recs})
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": LOCAL,
+                        "exchange": synthetic_records(sm, 0.5e-6, beta, t0, call)})
     assert cal["hop_overhead_s"] == 0.0 and cal["at_bounds"] == ["hop_overhead_s"]
     assert all("assumed" in label for label, _, _ in sm.hop_scenarios(cal))
+
+
+def test_calibrate_without_hop_records_fits_the_rings_alone():
+    sm = _benchmark_module()
+    alpha, beta = 30e-6, 1e-9
+    recs = [r for r in synthetic_records(sm, alpha, beta, 0.0, 25e-6) if r["technique"] != "hop"]
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": LOCAL, "exchange": recs})
+    assert cal["hop_fit"] == "ring"
+    assert cal["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert cal["beta_s_per_byte"] == pytest.approx(beta, rel=1e-6)
+    assert cal["at_bounds"] == ["t0_s"]
+
+
+def test_local_profile_takes_each_overhead_as_measured_at_its_n():
+    """The local profile's call overhead at N is the one measured at N: never scaled by a ratio of hop costs (with
+    alpha at its bound that ratio multiplied a 25 us overhead into milliseconds)."""
+    sm = _benchmark_module()
+    alpha, beta, t0 = 30e-6, 1e-9, 20e-6
+    # oversubscribed N=4: hops and calls both slower, by different factors
+    recs = synthetic_records(sm, alpha, beta, t0, 25e-6, ns=(2,), call_by_n={2: 25e-6})
+    slow = synthetic_records(sm, 5 * alpha, beta, t0, 0.0, ns=(4,), call_by_n={4: 300e-6})
+    recs += [r for r in slow if r["technique"] != "rma"]
+    cal = sm.calibrate({"meta": {"cores": 2}, "local": LOCAL, "exchange": recs})
+    epoch = {"mean_s": 0.03, "cv": 0.0, "robust_cv": 0.0, "events_per_epoch": 1}
+    assert cal["call_overhead_by_n"][4] == pytest.approx(300e-6, rel=1e-6)
+    p2, p4 = sm.local_profile(cal, epoch, 2), sm.local_profile(cal, epoch, 4)
+    assert p2.call_overhead_s == pytest.approx(25e-6, rel=1e-6)
+    assert p4.call_overhead_s == pytest.approx(300e-6, rel=1e-6)
+    assert p4.hop_overhead_s + 1e-6 == pytest.approx(5 * alpha, rel=1e-6)
+    # the same after a JSON round trip (keys become strings)
+    back = json.loads(json.dumps(cal))
+    assert sm.local_profile(back, epoch, 4).call_overhead_s == pytest.approx(300e-6, rel=1e-6)
+
+
+def test_allreduce_mode_pays_the_buffer_and_the_count_collectives():
+    # sagips.comm.modes.Allreduce: the buffer's Iallreduce, then a 1-float count; both after the last arrival
+    link = Link(0.01, 80.0)
+    prof = profile(epoch_s=1.0, intra=link, inter=link, n_floats=7, call_overhead_s=0.1)
+    res = simulate("allreduce", 4, 1, prof)
+    expected = 1.0 + allreduce_cost(4, prof) + allreduce_cost(4, prof, n_floats=1)
+    assert allreduce_cost(4, prof, n_floats=1) == pytest.approx(0.1 + 2 * (0.01 + 2 / 80) + 2 * (0.01 + 1 / 80))
+    np.testing.assert_allclose(res.finish, expected)
 
 
 def test_calibrate_reads_the_exchange_benchmark_format():
@@ -283,9 +353,7 @@ def test_calibrate_reads_the_exchange_benchmark_format():
                 "rma": {"median_ms": 0.7, "p10_ms": 0.6, "p90_ms": 1.0}}}]}
     recs = sm.exchange_records(data)
     assert {r["technique"] for r in recs} == {"ring-whole", "ring-chunked", "allreduce", "rma"}
-    local = {"local": {"add_s_per_float": 2e-10, "copy_s_per_float": 1.5e-10, "divide_s_per_float": 3e-10,
-                       "memcpy_s_per_byte": 4e-11, "crc32_s_per_byte": 3e-10}}
-    cal = sm.calibrate(data, extra_json=local)
+    cal = sm.calibrate(data, extra_json={"local": LOCAL})
     assert cal["alpha_s"] > 0 and cal["beta_s_per_byte"] == pytest.approx(4e-11)
 
 

@@ -59,6 +59,13 @@ def cpu_name() -> str:
     return name()
 
 
+def cpu_capability() -> str:
+    """torch's CPU kernel level on this machine (e.g. AVX2, AVX512): the vector flags the page names."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def mpiexec() -> str:
     here = Path(sys.executable).parent / "mpiexec"
     return str(here) if here.exists() else "mpiexec"

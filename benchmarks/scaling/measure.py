@@ -2,8 +2,11 @@
 
 Writes docs/benchmarks/scaling_measurements.json ("meta", "local", "exchange", "epoch"):
 - mpiexec -n 2 and -n 4 (timeout 120 s each) of a small worker that times the real sagips.comm code: Ring
-  whole/chunked at 3 buffer sizes (16, 12,672 and 50,688 floats: the sizes separate the per-hop cost alpha from
-  the per-byte cost beta), the allreduce path of mode `allreduce` (Iallreduce + watchdog) and RmaExchange.exchange.
+  whole/chunked at 3 buffer sizes (16, 12,672 and 50,688 floats), one hop of the whole ring alone (Ring._hop) at
+  the same sizes (the sizes separate the per-hop cost alpha from the per-byte cost beta; the hop alone separates
+  both from the ring's per-call work t0), one Iallreduce + watchdog wait (watchdog.allreduce_sum, at the 3 sizes:
+  the collective's call overhead), the whole exchange of mode `allreduce` as build_exchange makes it (the buffer's
+  Iallreduce and the contributors' count) and RmaExchange.exchange.
   A rep: barrier, then 10 calls back to back (so that the barrier's exit skew is spread over 10 calls), the slowest
   rank's time / 10; quantiles over reps (the order of the techniques is shuffled every rep, the same on every
   rank, so that no technique always follows another);
@@ -36,6 +39,7 @@ from scaling.common import (
     SIZES,
     VALIDATION_EPOCHS,
     cores,
+    cpu_capability,
     cpu_name,
     mpiexec,
     sagips_run,
@@ -48,23 +52,33 @@ def mpi_worker(reps: int, out: str) -> None:
 
     import sagips.comm  # noqa: F401  (thread level before MPI init)
     from sagips.comm import watchdog
+    from sagips.comm.modes import build_exchange
     from sagips.comm.ring import Ring
     from sagips.comm.rma import RmaExchange
+    from sagips.comm.topology import build_topology
 
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
     ops, objs = {}, []
     for i, n in enumerate(SIZES):
-        whole = Ring(comm, n, "whole", timeout_s=120, tag=200 + 2 * i)
-        chunked = Ring(comm, n, "chunked", timeout_s=120, tag=201 + 2 * i)
+        whole = Ring(comm, n, "whole", timeout_s=120, tag=200 + 4 * i)
+        chunked = Ring(comm, n, "chunked", timeout_s=120, tag=202 + 4 * i)
         ops[("ring-whole", n)] = whole.allreduce
         ops[("ring-chunked", n)] = chunked.allreduce
+        # one hop of the whole ring, alone (the ring's own _hop: 2 Isend + 2 Irecv + the watchdog wait): the per-hop
+        # cost without the per-call work around it, so that alpha and t0 are measured apart
+        recv = np.zeros(n, np.float32)
+        ops[("hop", n)] = lambda x, ring=whole, recv=recv: ring._hop(x, recv, ring._w[:1], -1)
 
         def iallreduce(x):
             watchdog.allreduce_sum(comm, x, timeout_s=120, what="allreduce")
             x /= np.float32(size)
 
         ops[("allreduce", n)] = iallreduce
+    # the exchange of mode `allreduce` as sagips.run builds it (the buffer's Iallreduce + the contributors' count)
+    topo = build_topology(comm, size)
+    mode_allreduce = build_exchange("allreduce", topo, N_WEIGHTS, timeout_s=120)
+    ops[("allreduce-mode", N_WEIGHTS)] = lambda x: mode_allreduce(x, 1)
     rma = RmaExchange(comm, N_WEIGHTS, max_staleness=10, timeout_s=120)
     objs.append(rma)
     epoch = [0]
@@ -93,6 +107,8 @@ def mpi_worker(reps: int, out: str) -> None:
                 times[key][rep - warmup] = dt
     for o in objs:
         o.free()
+    mode_allreduce.free()
+    topo.free()
     records = []
     for key in keys:
         slowest = np.empty(reps)
@@ -186,7 +202,7 @@ def cmd_measure(args) -> None:
     DOCS.mkdir(parents=True, exist_ok=True)
     data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
     data["meta"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": cores(), "machine": platform.machine(),
-                    "cpu": cpu_name(), "python": platform.python_version(), "numpy": np.__version__,
+                    "cpu": cpu_name(), "cpu_capability": cpu_capability(), "python": platform.python_version(), "numpy": np.__version__,
                     "loadavg_before": list(os.getloadavg())}
     data["local"] = measure_local()
     data["exchange"] = measure_mpi(reps=args.reps)

@@ -52,13 +52,18 @@ POLARIS_SOURCES = {
                            "copy XPMEM/CMA path). The exchanged buffer is on the host (gradients offloaded, paper "
                            "IV-B6), so NVLink is not in the path. This machine's ring fit (a loaded 2-core VM) is "
                            "far lower; the scenarios table uses it too",
-    "hop_overhead_s": "measured here: the fitted per-hop cost of sagips.comm.ring (Isend + Irecv + watchdog wait loop "
-                      "in Python) minus 1 us MPI latency; taken as-is for a Milan core",
-    "call_overhead_s": "measured here: Iallreduce + watchdog wait beyond the modelled MPI rounds",
+    "hop_overhead_s": "measured here: one hop of sagips.comm.ring timed alone (Ring._hop: 2 Isend + 2 Irecv + the "
+                      "watchdog wait loop in Python), its fixed part (alpha) minus 1 us MPI latency; taken as-is "
+                      "for a Milan core",
+    "call_overhead_s": "measured here: one Iallreduce + watchdog wait beyond the modelled MPI rounds; mode allreduce "
+                       "pays it twice per epoch (buffer, then the contributors' count)",
+    "allreduce_s_per_byte": "measured here: an Iallreduce's time per byte beyond its modelled rounds (MPICH's own "
+                            "copies and reductions in host memory; fitted with call_overhead_s on 3 sizes); "
+                            "taken as-is for a Milan core",
     "reduce_s_per_float": "measured here: numpy float32 add per element",
     "offload_s": "D2H + H2D of the 202 kB buffer over PCIe Gen4 x16 (pinned, ~25 GB/s: 8 us each + ~10 us launch and "
-                 "sync each, assumption) + the measured copy-in/divide of the ring buffer + the fitted fixed "
-                 "Python cost per exchange call (t0)",
+                 "sync each, assumption) + the measured copy-in/divide of the ring buffer + the measured fixed "
+                 "Python cost per ring call (t0: a ring call minus its hops and its local work)",
     "rma_fixed_s": "measured here (RmaExchange at N=2, shared-memory window) minus one peer's cost",
     "rma_per_peer_s": "measured here bottom-up: 2 memcpy + crc32 of a 202 kB slot + one numpy add",
     "rendezvous": "MPICH sends 200 kB messages with the rendezvous protocol: a send completes when the receiver posted",
@@ -66,7 +71,7 @@ POLARIS_SOURCES = {
                 f"{waitpolicy.SPIN_S * 1e6:.0f} us, yield until {waitpolicy.YIELD_S * 1e3:g} ms, then sleeps of "
                 f"{waitpolicy.MIN_SLEEP_S * 1e6:.0f} us doubling to {waitpolicy.MAX_SLEEP_S * 1e3:g} ms"),
     "wake_s": "assumption: 60 us extra per sleep on a dedicated core (Linux default timer slack 50 us + wake-up); "
-              "this machine's, fitted on the schedule replay, is ~100x that (2 loaded cores)",
+              "this machine's is fitted on the schedule replay (the validation section)",
     "collective_rounds": "fitted on the schedule replay (allreduce, N=2): polled steps of MPICH's Iallreduce per "
                          "2 ceil(log2 N) modelled rounds",
     "n_floats": "the generator's weight gradients: 50,688 float32 (paper V-A: weights only are exchanged)",
@@ -81,6 +86,7 @@ def polaris_profile(cal: dict, **changes) -> Profile:
         name="polaris", epoch_s=A100_EPOCH_S, jitter_cv=0.02, ranks_per_node=4,
         intra=Link(1e-6, POLARIS_INTRA_BPS), inter=Link(2.5e-6, 25e9),
         hop_overhead_s=cal["hop_overhead_s"], call_overhead_s=cal["call_overhead_s"],
+        allreduce_s_per_byte=cal.get("allreduce_s_per_byte", 0.0),
         reduce_s_per_float=cal["reduce_s_per_float"], offload_s=pcie + cal["buffer_s"] + cal["t0_s"],
         rma_fixed_s=cal["rma_fixed_s"], rma_per_peer_s=cal["rma_per_peer_s"], rendezvous=True,
         n_floats=N_WEIGHTS, events_per_epoch=102_400, sources=POLARIS_SOURCES,

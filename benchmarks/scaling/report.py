@@ -71,7 +71,8 @@ def report(r: dict) -> str:
     w(f"Generated whole by `benchmarks/scaling_model.py` (`project`, or `report` from the stored JSON) from "
       f"`{OUT_JSON.name}`; model: `benchmarks/sim.py`. What the model is, how to read this page, and its limits: "
       f"[{NOTES_MD.name}]({NOTES_MD.name}) (written by hand).\n")
-    w(f"Calibrated on: {meta.get('cpu', '?')}, {meta.get('cores', '?')} cores, measurements of "
+    w(f"Calibrated on: {meta.get('cpu', '?')} ({meta.get('cpu_capability', 'vector level not recorded')}), "
+      f"{meta.get('cores', '?')} cores, measurements of "
       f"{meta.get('date', '?')}. Projected for: Polaris (the profile's inputs below).\n")
     w("![training time](scaling_time.png) ![analysis rate](scaling_rate.png)\n")
 
@@ -136,6 +137,7 @@ def report(r: dict) -> str:
             ("intra.latency_s", _us(prof["intra"]["latency_s"])),
             ("intra.bandwidth_Bps", f"{prof['intra']['bandwidth_Bps'] / 1e9:.2f} GB/s"),
             ("hop_overhead_s", _us(prof["hop_overhead_s"])), ("call_overhead_s", _us(prof["call_overhead_s"])),
+            ("allreduce_s_per_byte", f"{prof.get('allreduce_s_per_byte', 0.0) * 1e12:.0f} ps"),
             ("reduce_s_per_float", f"{prof['reduce_s_per_float'] * 1e12:.0f} ps"),
             ("offload_s", _us(prof["offload_s"])), ("rma_fixed_s", _us(prof["rma_fixed_s"])),
             ("rma_per_peer_s", _us(prof["rma_per_peer_s"])), ("rendezvous", prof["rendezvous"]),
@@ -155,18 +157,42 @@ def report(r: dict) -> str:
     w("\n## Calibration on this machine\n")
     m = r["local_measurements"]
     la = [meta.get("loadavg_before", [float("nan")])[0], meta.get("loadavg_after", [float("nan")])[0]]
-    w(f"{meta.get('cpu', '?')}, {meta.get('cores', '?')} cores; load average {la[0]:.1f} before, {la[1]:.1f} after "
+    w(f"{meta.get('cpu', '?')} ({meta.get('cpu_capability', 'vector level not recorded')}), "
+      f"{meta.get('cores', '?')} cores; load average {la[0]:.1f} before, {la[1]:.1f} after "
       "the measurements.\n")
-    w(f"Ring fit: time = t0 + hops · (alpha + bytes · beta) on the "
-      f"{STATISTICS.get(cal.get('statistic'), cal.get('statistic'))} of the ring times at N <= {cal['cores']}, "
-      f"measured local work removed ({cal['fit_points']} points):\n")
-    w(f"- t0 = {_us(cal['t0_s'])}, alpha = {_us(cal['alpha_s'])} per hop, beta = "
-      f"{cal['beta_s_per_byte'] * 1e12:.1f} ps/byte ({cal['intra_bandwidth_Bps'] / 1e9:.2f} GB/s);")
-    w(f"- Iallreduce + watchdog call overhead {_us(cal['call_overhead_s'])}; numpy add "
+    stat = STATISTICS.get(cal.get("statistic"), cal.get("statistic"))
+    if cal.get("hop_fit") == "hop":
+        w(f"Fits on the {stat} of the timings at N <= {cal['cores']}, each constant on the measurement that isolates "
+          "it:\n")
+        w(f"- one ring hop alone = alpha + bytes · beta ({cal['fit_points']} points): alpha = {_us(cal['alpha_s'])} "
+          f"per hop, beta = {cal['beta_s_per_byte'] * 1e12:.1f} ps/byte ({cal['intra_bandwidth_Bps'] / 1e9:.2f} GB/s);")
+        w(f"- t0 = {_us(cal['t0_s'])}: a ring call minus its hops and its measured local work (median over the ring "
+          "records);")
+    else:
+        w(f"Ring fit: time = t0 + hops · (alpha + bytes · beta) on the {stat} of the ring times at N <= "
+          f"{cal['cores']}, measured local work removed ({cal['fit_points']} points):\n")
+        w(f"- t0 = {_us(cal['t0_s'])}, alpha = {_us(cal['alpha_s'])} per hop, beta = "
+          f"{cal['beta_s_per_byte'] * 1e12:.1f} ps/byte ({cal['intra_bandwidth_Bps'] / 1e9:.2f} GB/s);")
+    w(f"- Iallreduce + watchdog call overhead {_us(cal['call_overhead_s'])} + "
+      f"{cal.get('allreduce_s_per_byte', 0.0) * 1e12:.0f} ps/byte beyond the modelled rounds; numpy add "
       f"{cal['reduce_s_per_float'] * 1e12:.0f} ps/float; RMA {_us(cal['rma_fixed_s'])} + "
       f"{_us(cal['rma_per_peer_s'])} per peer;")
     w("- per-hop cost by N, from the medians (at N > cores with the OS time-slicing): " +
-      ", ".join(f"N={k}: {_us(val)}" for k, val in cal["alpha_by_n"].items()) + ".\n")
+      ", ".join(f"N={k}: {_us(val)}" for k, val in cal["alpha_by_n"].items()) + ";")
+    if cal.get("call_overhead_by_n"):
+        w("- Iallreduce call overhead by N, from the medians: " +
+          ", ".join(f"N={k}: {_us(val)}" for k, val in cal["call_overhead_by_n"].items()) + ".\n")
+    else:
+        w("")
+    if cal.get("allreduce_check"):
+        w("Mode allreduce's whole exchange (buffer + count Iallreduce), measured against the model with the call "
+          "overhead at that N:\n")
+        w("| N | measured p10 (median) | model | error vs median |")
+        w("|---|---|---|---|")
+        for x in cal["allreduce_check"]:
+            w(f"| {x['n_ranks']} | {x['measured_s'] * 1e3:.3f} ms ({x['median_s'] * 1e3:.3f}) | "
+              f"{x['predicted_median_s'] * 1e3:.3f} ms | {100 * x['rel_error_median']:+.0f}% |")
+        w("")
     w("| technique | N | floats | measured p10 (median) | model | error | in fit |")
     w("|---|---|---|---|---|---|---|")
     for x in cal["residuals"]:
