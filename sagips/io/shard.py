@@ -37,7 +37,8 @@ def _describe(f, path: str, datasets: dict[str, int]) -> dict[str, Any]:
     for name, cols in datasets.items():
         ds = checked_dataset(f, path, name, cols)
         out["datasets"][name] = {"shape": list(ds.shape), "dtype": str(ds.dtype),
-                                 "chunk_rows": int(ds.chunks[0]) if ds.chunks else 0}
+                                 # a virtual dataset (sagips/io/writer.py) has no chunks: its parts' are stored
+                                 "chunk_rows": int(ds.chunks[0]) if ds.chunks else int(f.attrs.get("chunk_rows", 0))}
     rows = {d["shape"][0] for d in out["datasets"].values()}
     if len(rows) > 1:
         raise DataError(f"data file {path}: datasets {list(datasets)} have different numbers of rows")
