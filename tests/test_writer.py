@@ -1,9 +1,10 @@
 """Writing big reference files (issue 23, item 4): blocks with their own seeds, bounded memory, one part per rank.
 
+`sagips.run` training 2 ranks on a file written this way (a virtual dataset): tests/test_data_scale.py.
+
 The truth is built here block by block from `Proxy1D.generate_reference` (the environment's own sampler) with
 SeedSequence seeds; the writer must give exactly those rows however it batches them and however many ranks write.
 """
-import json
 import os
 import shutil
 
@@ -172,13 +173,3 @@ def test_memory_does_not_grow_with_events(tmp_path, truth):
     assert abs(big - small) < 0.25 and small < 4  # MB: 2 blocks of 0.5 MB, twice (the blocks and their batch)
     assert whole - big > 6  # a whole-file array (7.2 MB of float32 events) is seen: the check can fail
 
-
-def test_sagips_run_trains_two_ranks_on_a_virtual_file(two_rank_file, tmp_path):
-    out = tmp_path / "run"
-    r = run_mpi(2, ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", "1",
-                    "--output-dir", str(out), "--set", f"environment.data_file={two_rank_file}",
-                    "--set", "environment.param_samples=8", "--set", "environment.events_per_sample=10",
-                    "--set", "train.quality_samples=8"], timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ref = json.loads((out / "run.json").read_text())["reference_data"]
-    assert ref["rows"] == round(0.5 * N) and ref["subset"] == "blocks"
