@@ -40,23 +40,13 @@ def child(out_dir: str, args: list[str]) -> int:
     """Under mpiexec: sagips.run on this rank, then OUT/rankR.json with what the rank held and read."""
     import resource
 
-    import h5py
     import torch  # noqa: F401  (imported before rchar0: its files are not the data's)
     from mpi4py import MPI
 
     from sagips.run import main
+    from tests._h5count import count_reads
 
-    read = {"rows": 0, "calls": 0}
-    orig = h5py.Dataset.__getitem__
-
-    def counting(self, key):
-        out = orig(self, key)
-        if self.name == "/events":
-            read["rows"] += out.shape[0] if out.ndim == 2 else 1
-            read["calls"] += 1
-        return out
-
-    h5py.Dataset.__getitem__ = counting
+    read = count_reads("/events")
     rchar0 = _rchar()
     rc = main(args)
     rank = MPI.COMM_WORLD.rank
