@@ -192,7 +192,9 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def _gb(mb: float) -> str:
-    """MB (10^6 bytes) as text, in GB from 1000 MB."""
+    """MB (10^6 bytes) as text, in GB from 1000 MB and in TB from 10^6 MB."""
+    if mb >= 1e6:
+        return f"{mb / 1e6:,.1f} TB"
     return f"{mb / 1000:,.1f} GB" if mb >= 1000 else f"{mb:,.0f} MB" if mb >= 10 else f"{mb:.2f} MB"
 
 
@@ -213,28 +215,32 @@ def write_page(parts: list[dict], path: Path) -> None:
          "sagips.data proxy1d`, two part files joined by an HDF5 virtual dataset; each run `mpiexec -n N python -m "
          "sagips.run --config configs/proxy1d-quick.yaml --mode ensemble --epochs 2` with 8 parameter sets, "
          f"subset_fraction {FRACTION}, one state saved at epoch 2).", "",
+         "The machine was shared with other jobs: *load before* is its 1-minute load average (2 cores) when a part "
+         "started; times grow with it, memory, rows and sizes do not.", "",
          "## Files", "", "| events | file | written in (2 ranks) | rows per block | layout broadcast | "
-         "one rank's half read from the page cache |", "|---|---|---|---|---|---|"]
+         "one rank's half read from the page cache | load before |", "|---|---|---|---|---|---|---|"]
     for name, f in sorted(files.items(), key=lambda kv: kv[1]["events"]):
         L.append(f"| {name} | {_gb(f['file_mb'])} | {f['write_s']:.1f} s ({f['events'] / f['write_s'] / 1e6:.2f} "
-                 f"M events/s) | {f['block_rows']} | {f['layout_bytes']} B | {f['cached_read_half_s']:.2f} s |")
+                 f"M events/s) | {f['block_rows']} | {f['layout_bytes']} B | {f['cached_read_half_s']:.2f} s | "
+                 f"{f.get('load_before', 0):.1f} |")
     L += ["", "## Runs", "",
           "Per rank: the largest over the ranks. *rows read* are the event rows that h5py returned to the rank "
           "(`blocks`: its own subset; `rows`: the whole file, in blocks, of which it keeps its rows); *rchar* the "
           "bytes the process read after its imports (Python modules included). The start-up runs from the launch "
           "of the processes to the first epoch (slowest rank); *reference data* is rank 0's phase of it.", "",
           "| events | subset | N | startup_s | reference data (rank 0) | peak RSS per rank | rows read per rank | "
-          "rchar per rank | state file |", "|---|---|---|---|---|---|---|---|---|"]
+          "rchar per rank | state file | load before |", "|---|---|---|---|---|---|---|---|---|---|"]
     for n, p in sorted(none.items()):
         L.append(f"| none (1,000 generated) | – | {n} | {p['startup_s']:.2f} s | "
                  f"{p['phases'].get('reference_data', 0):.2f} s | {_gb(max(r['maxrss_mb'] for r in p['per_rank']))} "
-                 f"| 0 | {_gb(max(r['rchar_mb'] for r in p['per_rank']))} | {p['state_mb']:.2f} MB |")
+                 f"| 0 | {_gb(max(r['rchar_mb'] for r in p['per_rank']))} | {p['state_mb']:.2f} MB | "
+                 f"{p.get('load_before', 0):.1f} |")
     for p in data:
         pr = p["per_rank"]
         L.append(f"| {p['size']} | {p['mode']} | {p['ranks']} | {p['startup_s']:.2f} s | "
                  f"{p['phases'].get('reference_data', 0):.2f} s | {_gb(max(r['maxrss_mb'] for r in pr))} | "
                  f"{max(r['rows_read'] for r in pr):,} (rank 0: {pr[0]['rows_read']:,}) | "
-                 f"{_gb(max(r['rchar_mb'] for r in pr))} | {p['state_mb']:.2f} MB |")
+                 f"{_gb(max(r['rchar_mb'] for r in pr))} | {p['state_mb']:.2f} MB | {p.get('load_before', 0):.1f} |")
     L += _figures(files, none, data)
     path.write_text("\n".join(L) + "\n")
 
