@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         return 2
     from sagips.environment import get_environment
     from sagips.io.refdata import DataError, write_reference
-    from sagips.io.writer import can_stream, write_stream
+    from sagips.io.writer import STREAM_BLOCK_ROWS, can_stream, write_stream
 
     env_cls = get_environment(args.env)
     if not can_stream(cfg.environment):
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
         print(f"sagips.data: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     if comm.rank == 0:
-        parts = f" (a virtual dataset joining {comm.size} part files beside it)" if comm.size > 1 else ""
+        n_parts = min(comm.size, -(-n // STREAM_BLOCK_ROWS))  # ranks beyond the blocks write no part
+        parts = f" (a virtual dataset joining {n_parts} part files beside it)" if comm.size > 1 else ""
         print(f"wrote {args.out}: {n} events{parts}")
     return 0
 
