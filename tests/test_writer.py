@@ -134,6 +134,27 @@ def test_a_failed_rank_ends_every_writer_and_leaves_no_file(tmp_path, truth):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.part0001-of-0002.h5"]  # rank 0 removed its part
 
 
+def test_more_ranks_than_blocks(tmp_path):
+    import threading
+
+    n, size = B + 10, 3  # 2 blocks, 3 ranks: rank 0 writes no part, yet the virtual file holds every row
+    events, _, cfg = _truth(n)
+    out = tmp_path / "ref.h5"
+    slots, barrier, files = [None] * size, threading.Barrier(size, timeout=60), [None] * size
+
+    def rank(r):
+        files[r] = writer.write_stream(out, Proxy1D, cfg, SEED, n, comm=_ThreadComm(r, size, slots, barrier))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert files[0] == [str(out)] and [len(f) for f in files[1:]] == [1, 1]
+    with h5py.File(out) as f:
+        assert np.array_equal(f["events"][:], events) and len(f.attrs["parts"]) == 2
+
+
 def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch, truth):
     real = writer.generate_block
 

@@ -167,4 +167,5 @@ def write_stream(path: str | os.PathLike, env_cls, cfg: Any, seed: int, n: int, 
         if len(mine):
             os.unlink(target)
         raise DataError(done)
-    return [target, path] if rank == 0 else ([target] if len(mine) else [])
+    mine_files = [target] if len(mine) else []
+    return mine_files + [path] if rank == 0 else mine_files
