@@ -1,31 +1,22 @@
 """Under mpiexec (tests/test_shard.py): load this rank's subset of a data file the way sagips.run does, counting the
 rows that h5py reads, and write OUT/rank{R}.json. argv: FILE FRACTION MODE OUT [FAIL_RANK]."""
 import json
+import os
 import sys
 
-import h5py
 import numpy as np
 from mpi4py import MPI
 
 from sagips.io import shard
 from sagips.io.refdata import DataError
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests._h5count import count_reads  # noqa: E402
+
 path, fraction, mode, out_dir = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
 fail_rank = int(sys.argv[5]) if len(sys.argv) > 5 else -1
 comm = MPI.COMM_WORLD
-read = {"rows": 0, "calls": 0}
-orig = h5py.Dataset.__getitem__
-
-
-def counting(self, key):
-    out = orig(self, key)
-    if self.name == "/events":
-        read["rows"] += out.shape[0] if out.ndim == 2 else 1
-        read["calls"] += 1
-    return out
-
-
-h5py.Dataset.__getitem__ = counting
+read = count_reads("/events")
 if comm.rank == fail_rank:  # the file "changes" under this rank alone: every rank must end with the error
     def changed(*a):
         raise DataError(f"data file {path}: changed since its layout was read at start-up")

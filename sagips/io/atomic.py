@@ -16,23 +16,34 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """The name of a temporary file beside `path`, for a library that opens files by name (h5py); once the block
+    ends, the file is fsynced and renamed over `path`; on an exception (Ctrl-C included) it is deleted."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+        os.close(fd)
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
         _fsync_dir(directory)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    with atomic_path(path) as tmp, open(tmp, mode) as fh:
+        yield fh
 
 
 def _fsync_dir(directory: str) -> None:

@@ -51,6 +51,12 @@ def checked_dataset(f, path: str, name: str, cols: int):
     ds = f[name]
     if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
         raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+    if ds.is_virtual:  # HDF5 reads the rows of a missing source file as its fill value, without an error
+        here = os.path.dirname(os.path.abspath(path))
+        for src in ds.virtual_sources():
+            if src.file_name != "." and not os.path.exists(os.path.join(here, src.file_name)):
+                raise DataError(f"data file {path}: part file {src.file_name} of dataset '{name}' is missing (a "
+                                f"virtual dataset reads its parts beside it: keep the set of files together)")
     return ds
 
 

@@ -40,7 +40,8 @@ def _describe(f, path: str, datasets: dict[str, int]) -> dict[str, Any]:
     for name, cols in datasets.items():
         ds = checked_dataset(f, path, name, cols)
         out["datasets"][name] = {"shape": list(ds.shape), "dtype": str(ds.dtype),
-                                 "chunk_rows": int(ds.chunks[0]) if ds.chunks else 0}
+                                 # a virtual dataset (sagips/io/writer.py) has no chunks: its parts' are stored
+                                 "chunk_rows": int(ds.chunks[0]) if ds.chunks else int(f.attrs.get("chunk_rows", 0))}
     rows = {d["shape"][0] for d in out["datasets"].values()}
     if len(rows) > 1:
         raise DataError(f"data file {path}: datasets {list(datasets)} have different numbers of rows")
@@ -177,9 +178,10 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
                     s, e = sel[r]
                     arr[o:o + e - s] = block[s - a:e - a]
                     o, r = o + e - s, r + 1
-            bad = ~np.isfinite(arr)
-            if bad.any():  # named by its row in the file: the rank's row i is in the range where cumsum passes i
-                i = int(np.argwhere(bad)[0][0])
+            # checked a block at a time: ~np.isfinite of the whole subset would add 4 bytes per row to the peak
+            if not all(np.isfinite(arr[i:i + MAX_BLOCK_ROWS]).all() for i in range(0, len(arr), MAX_BLOCK_ROWS)):
+                bad = ~np.isfinite(arr)  # named by its row in the file: the rank's row i is in the range where
+                i = int(np.argwhere(bad)[0][0])  # cumsum passes i
                 lengths = ranges[:, 1] - ranges[:, 0]
                 j = int(np.searchsorted(np.cumsum(lengths), i, side="right"))
                 row = int(ranges[j, 0] + i - (np.cumsum(lengths)[j] - lengths[j]))
