@@ -77,7 +77,8 @@ def test_split_batch_divides_the_batch_by_the_ranks_averaged(ranks):
     assert env_cfg.param_samples == 64 // ranks and cfg.environment.param_samples == 64
     assert batch["per_rank"] == 64 // ranks and batch["effective"] == (64 // ranks) * ranks
     env = Proxy1D(env_cfg, torch.device("cpu"), seed=0)
-    assert env.events_per_epoch == (64 // ranks) * 100  # events per epoch per rank: 1/N of one rank's
+    per_set = cfg.environment.events_per_sample  # the preset's
+    assert env.events_per_epoch == (64 // ranks) * per_set  # events per epoch per rank: 1/N of one rank's
 
 
 def test_split_batch_errors_name_the_fix():
