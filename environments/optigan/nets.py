@@ -74,7 +74,9 @@ class OptiGANGenerator(nn.Module):
         h = torch.cat([noise, (cond - self.cond_mean) / self.cond_std], dim=1)
         out = torch.addcmul(self.out_mean, self.model(h), self.out_std)
         if self.bounded:
-            if self.track_excess:  # the raw outputs' squared excess over the bounds, standardised, mean over rows
+            # the raw outputs' squared excess over the bounds (standardised, mean over rows), in the generator
+            # step's forward only: the critic steps and the quality run without grad and do not need it
+            if self.track_excess and torch.is_grad_enabled():
                 over = torch.relu(self.out_lo - out) + torch.relu(out - self.out_hi)
                 self.excess = (over / self.out_std).pow(2).sum(1).mean()
             out = reflect_into(out, self.out_lo, self.out_hi)
