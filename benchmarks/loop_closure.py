@@ -83,9 +83,13 @@ def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.
 
 
 def floor(env_cfg, seed: int) -> dict:
-    """The ML fit on the very reference events that the run generates (same config, same seed)."""
+    """The ML fit on the very reference events that the run's ranks take their subsets from (same config, same seed:
+    the file that `python -m sagips.data` would write, sagips/io/writer.py)."""
+    from sagips.io.writer import generate_subset
+
     truth = np.array(env_cfg.true_params)
-    arrays, attrs = Proxy1D.generate_reference(env_cfg, seed)
+    n = env_cfg.reference_events
+    arrays, attrs = generate_subset(Proxy1D, env_cfg, seed, n, np.array([[0, n]]))
     lo, hi = np.array(env_cfg.param_min), np.array(env_cfg.param_max)
     start = np.clip(truth * 1.05, lo + 0.01 * (hi - lo), hi - 0.01 * (hi - lo))
     fit = ml_fit(arrays["events"], attrs["norms"], env_cfg, start)

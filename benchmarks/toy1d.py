@@ -85,7 +85,10 @@ def floor(cfg, seed: int) -> dict:
     from sagips.environment import get_environment
 
     env_cls = get_environment(cfg.name)
-    arrays, _ = env_cls.generate_reference(cfg, seed)  # exactly what rank 0 generated for the run
+    from sagips.io.writer import generate_subset
+
+    n = cfg.reference_events  # the file the ranks' subsets are taken from (sagips/io/writer.py)
+    arrays, _ = generate_subset(env_cls, cfg, seed, n, np.array([[0, n]]))
     names = list(env_cls.parameters)
     truth = np.array([cfg.true_params[k] for k in names])
     events = arrays["events"][:, 0]

@@ -131,8 +131,9 @@ class DataConfig:
     subset: str = opt("blocks", "with environment.data_file: 'blocks' (each rank reads whole blocks of rows, in a "
                       "seeded random order, straight from the file: for large files; rows ordered by run or time "
                       "give each rank whole stretches of them) or 'rows' (a uniform random choice of rows; each rank "
-                      "reads the whole file once, in blocks: for small files); generated data is always chosen by "
-                      "rows", choices=("blocks", "rows"))
+                      "reads the whole file once, in blocks: for small files); without a file, the same choice from "
+                      "the file that `python -m sagips.data` would write with the run's seed, of which each rank "
+                      "generates only the blocks it keeps", choices=("blocks", "rows"))
     share: str = opt("rank", "with environment.data_file: 'rank' (every rank holds its own random subset) or 'node' "
                      "(the ranks of one node hold one subset of subset_fraction x N rows, chosen per node, in one "
                      "MPI shared-memory window, and each rank bootstraps its batches from it: ranks-per-node times "

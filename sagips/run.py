@@ -368,14 +368,16 @@ def _load_data(r: _Run) -> None:
 
     A data file: world rank 0 reads its layout (names, shapes, attributes) and broadcasts it; every rank reads its
     own subset straight from the file (`data.subset`) and hands it to `attach_subset`. No file: every rank generates
-    the data from the seed and keeps its random subset (`attach_data`). Environments without `attach_subset`, and
+    its own subset of the file that the seed would give (sagips/io/writer.py, `generate_subset`), or, where the
+    environment has no `attach_subset` or no `reference_events`, all of the data, and keeps its random subset
+    (`attach_data`). Environments without `attach_subset`, and
     generators too costly to run on every rank (`generate_per_rank = False`), keep the old way: world rank 0 loads or
     generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states).
     With data.share=node, the ranks of a node hold one subset, the node's, in a shared window (`_load_node_subset`)."""
     import numpy as np
 
     from sagips.environment import Environment
-    from sagips.io import shard
+    from sagips.io import shard, writer
     from sagips.io.distribute import broadcast_arrays
     from sagips.io.refdata import read_reference
 
@@ -403,6 +405,19 @@ def _load_data(r: _Run) -> None:
         if shared:
             env.set_shared_state(r.comm.bcast(shared, root=0))
         r.data_key.update(file=os.path.abspath(data_file), layout=layout["checksum"], subset=cfg.data.subset,
+                          rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
+    elif not data_file and reads_own and env_cls.generate_per_rank and writer.can_stream(r.env_cfg):
+        # no file: the rank's subset of the file that `python -m sagips.data` would write with this seed, generated
+        # block by block (only the blocks that hold the rank's rows; nothing is broadcast)
+        n = int(r.env_cfg.reference_events)
+        layout = writer.virtual_layout(env_cls, r.env_cfg, cfg.seed, n)
+        ranges = shard.subset_ranges(r.np_seed, layout, fraction, cfg.data.subset)
+        arrays, _ = writer.generate_subset(env_cls, r.env_cfg, cfg.seed, n, ranges)
+        env.attach_subset(arrays, layout["attrs"])
+        shared = env.shared_state()
+        if shared:
+            env.set_shared_state(r.comm.bcast(shared, root=0))
+        r.data_key.update(file=None, layout=layout["checksum"], subset=cfg.data.subset,
                           rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
     elif not data_file and env_cls.generate_per_rank:
         arrays, attrs = env_cls.generate_reference(r.env_cfg, cfg.seed)

@@ -194,3 +194,57 @@ def test_memory_does_not_grow_with_events(tmp_path, truth):
     assert abs(big - small) < 0.25 and small < 4  # MB: 2 blocks of 0.5 MB, twice (the blocks and their batch)
     assert whole - big > 6  # a whole-file array (7.2 MB of float32 events) is seen: the check can fail
 
+
+
+def test_generated_subset_is_the_written_files_rows(truth, tmp_path, monkeypatch):
+    """Without a file a rank generates its subset of the file that the seed would give (sagips.run, issue 23): the
+    same layout, the same ranges and the same rows as a read of the written file, from only the blocks it needs."""
+    events, _, cfg = truth
+    path = tmp_path / "f.h5"
+    writer.write_stream(path, Proxy1D, cfg, SEED, N)
+    on_disk = shard.read_layout(path, {"events": 2})
+    virtual = writer.virtual_layout(Proxy1D, cfg, SEED, N)
+    assert virtual["checksum"] == on_disk["checksum"] and virtual["rows"] == N
+    for mode in ("blocks", "rows"):
+        for np_seed in (0, 5):
+            ranges = shard.subset_ranges(np_seed, virtual, 0.5, mode)
+            assert np.array_equal(ranges, shard.subset_ranges(np_seed, on_disk, 0.5, mode))
+            made, attrs = writer.generate_subset(Proxy1D, cfg, SEED, N, ranges)
+            read = shard.read_subset(str(path), on_disk, ranges, {"events": 2})
+            assert np.array_equal(made["events"], read["events"]) and len(made["events"]) == N // 2
+            assert np.array_equal(attrs["norms"], on_disk["attrs"]["norms"])
+    made_blocks = []
+    real = writer.generate_block
+    monkeypatch.setattr(writer, "generate_block", lambda *a: made_blocks.append(a[-1]) or real(*a))
+    ranges = np.array([[10, 20], [B - 3, B + 3], [3 * B + 5, 3 * B + 6]])  # one range straddles blocks 0 and 1
+    made, _ = writer.generate_subset(Proxy1D, cfg, SEED, N, ranges)
+    assert made_blocks == [0, 1, 3]  # block 2 holds none of the rows: not generated
+    assert np.array_equal(made["events"], np.concatenate([events[a:b] for a, b in ranges]))
+    with pytest.raises(ValueError, match="sorted, disjoint"):
+        writer.generate_subset(Proxy1D, cfg, SEED, N, ranges[::-1])
+
+
+def test_a_run_without_a_file_trains_on_the_written_files_rows(tmp_path):
+    """The same seed, events and truth: a run that generates its data and one that reads the file `sagips.data`
+    wrote end with bit-identical networks (so they trained on the same rows), and neither holds more rows."""
+    path = tmp_path / "ref.h5"
+    r = run_mpi(1, ["-m", "sagips.data", "proxy1d", "--events", "30000", "--seed", "11", "--out", str(path)], timeout=90)
+    assert r.returncode == 0, r.stderr[-2000:]
+    base = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--mode", "ensemble", "--no-progress",
+            "--epochs", "2", "--set", "seed=11", "--set", "environment.reference_events=30000",
+            "--set", "environment.param_samples=8", "--set", "environment.events_per_sample=20",
+            "--set", "train.quality_samples=8", "--set", "train.checkpoint_every=2"]
+    outs = {}
+    for name, extra in (("made", []), ("read", ["--set", f"environment.data_file={path}"])):
+        outs[name] = tmp_path / name
+        r = run_mpi(1, [*base, *extra, "--output-dir", str(outs[name])], timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+    import torch
+
+    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+    from sagips.io.state import load_state
+
+    a, b = (load_checkpoint(list_checkpoints(outs[k])[0][2])["generator"] for k in ("made", "read"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    key = load_state(outs["made"], 0, 2)["data_key"]
+    assert key["file"] is None and key["subset"] == "blocks" and key["rows"] == 15000 and len(key["layout"]) == 16

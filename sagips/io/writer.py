@@ -12,6 +12,10 @@ file of its own), the ranks agree that every part was written, and rank 0 writes
 that joins the parts by relative names (move the set together), with the same attributes. Every file is written
 atomically (temporary file, then rename): a crash or Ctrl-C leaves no half-written file.
 
+Without a file, `generate_subset` makes a rank's subset of the file that `write_stream` would write, block by block,
+without writing it: only the blocks that hold the rank's rows are generated, the same rows as a run that reads the
+written file (same seed, events and truth) keeps.
+
 The HDF5 chunk (`chunk_rows(n)`, stored as the file attribute `chunk_rows`) is the block that sagips/io/shard.py
 reads: the largest power of two <= min(MAX_BLOCK_ROWS, n / MIN_BLOCKS). A rank's subset is then made of whole
 chunks (one sequential read of 0.5 MB each at 2 columns, on a file of more than 4.2M rows), and the chunks divide
@@ -65,6 +69,61 @@ def _batches(env_cls, cfg, seed: int, n: int, blocks: range, batch: int) -> Iter
     for b0 in range(blocks.start, blocks.stop, batch):
         parts = [generate_block(env_cls, cfg, seed, n, b) for b in range(b0, min(b0 + batch, blocks.stop))]
         yield {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}, parts[0][1]
+
+
+def virtual_layout(env_cls, cfg: Any, seed: int, n: int) -> dict[str, Any]:
+    """The layout (sagips/io/shard.py's `read_layout`, without path and stat) of the n-event file that `write_stream`
+    would write with `seed`: what a rank's subset of generated data is chosen from. Generates one row."""
+    from sagips.io.shard import layout_checksum
+
+    one, attrs = env_cls.generate_reference(dataclasses.replace(cfg, reference_events=1), seed)
+    chunk = chunk_rows(n)
+    layout = {"rows": n, "attrs": {k: np.asarray(v).tolist() for k, v in _file_attrs(attrs, n, seed).items()},
+              "datasets": {k: {"shape": [n, *a.shape[1:]], "dtype": "float32", "chunk_rows": chunk}
+                           for k, a in one.items()}}
+    layout["checksum"] = layout_checksum(layout)
+    return layout
+
+
+def _expand(ranges: np.ndarray) -> np.ndarray:
+    """The rows of disjoint [start, stop) ranges, in order (vectorised: no Python loop over ranges)."""
+    lengths = ranges[:, 1] - ranges[:, 0]
+    if not len(lengths):
+        return np.zeros(0, np.int64)
+    offsets = np.repeat(ranges[:, 0] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return offsets + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Rows `ranges` (sorted, disjoint [start, stop), as `shard.subset_ranges` gives them) of the n-event file that
+    `write_stream` would write with `seed`, and its attributes: bit for bit what `shard.read_subset` reads from that
+    file. Generates only the blocks that hold those rows; memory is the subset plus one block."""
+    S = STREAM_BLOCK_ROWS
+    ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    if len(ranges) and (ranges[0, 0] < 0 or ranges[-1, 1] > n or np.any(ranges[1:, 0] < ranges[:-1, 1])):
+        raise ValueError(f"generate_subset: ranges must be sorted, disjoint and within 0..{n}")
+    total = int((ranges[:, 1] - ranges[:, 0]).sum())
+    first, last = ranges[:, 0] // S, (ranges[:, 1] - 1) // S
+    blocks = np.unique(_expand(np.stack([first, last + 1], axis=1)) if len(ranges) else first)
+    out: dict[str, np.ndarray] | None = None
+    attrs: dict[str, Any] = {}
+    at = 0
+    for blk in blocks.tolist():
+        lo, hi = blk * S, min(n, (blk + 1) * S)
+        i0, i1 = np.searchsorted(ranges[:, 1], lo, side="right"), np.searchsorted(ranges[:, 0], hi, side="left")
+        rows = _expand(np.clip(ranges[i0:i1], lo, hi)) - lo
+        arrays, attrs = generate_block(env_cls, cfg, seed, n, blk)
+        if out is None:
+            out = {k: np.empty((total, *a.shape[1:]), dtype=np.float32) for k, a in arrays.items()}
+        for k, a in arrays.items():
+            out[k][at:at + len(rows)] = a[rows]
+        at += len(rows)
+        del arrays
+    if out is None:  # no rows: empty arrays of the right widths
+        one, attrs = env_cls.generate_reference(dataclasses.replace(cfg, reference_events=1), seed)
+        out = {k: np.empty((0, *a.shape[1:]), dtype=np.float32) for k, a in one.items()}
+    return out, _file_attrs(attrs, n, seed)
 
 
 def part_name(path: str, rank: int, size: int) -> str:
