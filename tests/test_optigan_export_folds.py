@@ -58,3 +58,65 @@ def test_the_distilled_file_stays_inside_the_bounds(folded_run, tmp_path):
     q = info["quality"]
     assert q["export"]["js"] > q["alone"]["js"]
     assert np.isfinite(q["loss"])
+
+
+@pytest.fixture(scope="module")
+def fold_layer_run(tmp_path_factory):
+    """A run directory of a `fold_layer` generator (with energy_bounds) whose raw outputs lie up to several widths
+    outside the bounds, so that every hinge of the written fold is used."""
+    run = tmp_path_factory.mktemp("fold_layer_run")
+    config = config_to_dict(load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=true"]))
+    env, _ = environment_for_config(config)
+    torch.manual_seed(1)
+    G = env.build_generator()
+    assert G.fold_layer and len(G.model) == 5 and G.bounded
+    with torch.no_grad():
+        G.model[4].weight.mul_(60.0)
+    (run / "run.json").write_text(json.dumps({"config": config}))
+    ck = run / "checkpoints" / "rank0000" / "epoch0000001.pt"
+    ck.parent.mkdir(parents=True)
+    torch.save({"generator": G.state_dict(), "epoch": 1, "environment": "optigan"}, ck)
+    return ck, env, G
+
+
+def test_a_fold_layer_generator_is_written_exactly_with_its_folds(fold_layer_run, tmp_path):
+    """The file that opengate loads computes the run's folded generator (reflect_into, an independent formula) to
+    float rounding, with every photon inside the bounds, and the export's own check sees no loss."""
+    from sagips_environments.optigan.env import unfolded
+    from sagips_environments.optigan.nets import reflect_into
+
+    ck, env, G = fold_layer_run
+    out = tmp_path / "model.pt"
+    info = export_opengate(ck, out)  # the default: no distillation for it, and the JS check must pass
+    assert info["distill"] is None and abs(info["quality"]["loss"]) < 0.05
+    plain = load_plain(out)
+    assert [tuple(p.shape) for p in plain.parameters()] == [(128, 13), (128,), (256, 128), (256,), (512, 256),
+                                                             (512,), (6, 512), (6,)]  # opengate's layout
+    qs = env.heldout_set(0)
+    x = torch.cat([torch.randn(3 * 4000, 10, generator=torch.Generator().manual_seed(2)),
+                   torch.as_tensor(np.repeat(qs["points"], 4000, axis=0), dtype=torch.float32)], dim=1)
+    lo, hi = env.bounds()
+    lo_t, hi_t = torch.as_tensor(lo, dtype=torch.float32), torch.as_tensor(hi, dtype=torch.float32)
+    with torch.no_grad(), unfolded(G):
+        raw = G(x)
+    with torch.no_grad():
+        want = reflect_into(raw, lo_t, hi_t)
+        got = plain(x)
+    width = (hi_t - lo_t)[torch.isfinite(hi_t - lo_t)]
+    far = ((raw - hi_t) / (hi_t - lo_t)).nan_to_num(0).max(0).values
+    assert float(far[:5].min()) > 2  # raw outputs reach at least 2 widths past the bounds in every folded column
+    err = float((got - want).abs().max())
+    print(f"max |file - folded| = {err:.3g}, widths {width.tolist()}, raw reach {far.tolist()}")
+    assert err < 1e-4 * float(width.max())
+    assert _outside(out, env) == 0.0
+    assert int(torch.load(out, weights_only=True)["epoch"]) == 1
+
+
+def test_fold_layer_refuses_what_it_cannot_write():
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError, match="fold_layer cannot write unit_direction"):
+        load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=true", "environment.unit_direction=true"])
+    with pytest.raises(ConfigError, match="fold_layer=true needs environment.output_bounds=reflect"):
+        load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=true", "environment.output_bounds=none",
+                                            "environment.energy_bounds=false"])

@@ -90,6 +90,10 @@ class OptiGANConfig:
                                 "in standardised units): the network learns to stay inside, so that the fold is "
                                 "the identity on almost every photon and the opengate export (the network alone) "
                                 "keeps the quality; 0 = off", min=0.0)
+    fold_layer: bool = opt(False, "with output_bounds=reflect: train a generator of opengate's first two hidden "
+                           "layers and a linear output, so that the export writes the folds exactly into opengate's "
+                           "third hidden layer: the file that opengate runs is the folded generator that the run "
+                           "scores (docs/optigan.md, 'Export')")
     subset_fraction: float = opt(1.0, "fraction of the reference rows each rank keeps (random subset)",
                                  gt=0.0, max=1.0)
     init_generator: str | None = opt(None, "start from this generator: an opengate optiGAN file (e.g. "
@@ -124,7 +128,10 @@ class OptiGANConfig:
                 raise ConfigError(f"environment.data_on_device={str(self.data_on_device).lower()} (deprecated) "
                                   f"contradicts environment.loader={self.loader}; set loader only")
             self.loader = implied
-        for key in ("energy_bounds", "unit_direction", "bounds_penalty"):  # refinements of the reflect fold
+        if self.fold_layer and self.unit_direction:
+            raise ConfigError("environment.fold_layer cannot write unit_direction into opengate's layout (it is not "
+                              "piecewise linear); drop one of them")
+        for key in ("energy_bounds", "unit_direction", "bounds_penalty", "fold_layer"):  # refinements of reflect
             value = getattr(self, key)
             if value and self.output_bounds != "reflect":
                 value = str(value).lower() if isinstance(value, bool) else value
@@ -286,7 +293,7 @@ class OptiGAN(Environment):
     # -- networks ------------------------------------------------------------------------------------------------
     def build_generator(self) -> torch.nn.Module:
         c = self.cfg
-        G = OptiGANGenerator(c.noise_dim, c.hidden)
+        G = OptiGANGenerator(c.noise_dim, c.hidden, fold_layer=c.fold_layer)
         if c.standardize and self._std is not None:
             G.set_standardisation(**{k: v.astype(np.float32) for k, v in self._std.items()})
         if c.output_bounds == "reflect":

@@ -15,7 +15,9 @@ writing, the file is reloaded with torch.load(weights_only=True) into a plain op
 checked to reproduce the network it was made from.
 
 Folds (issue 24). A run trained with `output_bounds: reflect` (and `energy_bounds`) scores its generator *with* the
-folds, but opengate runs the plain network and applies no fold. So for such a run the export *distils*: it fits a
+folds, but opengate runs the plain network and applies no fold. A run trained with `environment.fold_layer: true`
+is written exactly, folds included (`OptiGANGenerator.fold`: ReLU hinges in opengate's third hidden layer). For any
+other such run the export *distils*: it fits a
 plain network of opengate's layout to the folded generator (`exported.distill`, `--distill-steps`, default
 DISTILL_STEPS; 0 = write the plain network as it is). Then, unless `--no-check`, it samples the written file as
 opengate does (noise N(0, 1), raw condition, raw output) on every held-out point of the run, beside the run's own
@@ -120,10 +122,9 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     if env != "optigan":
         raise ValueError(f"{path}: a checkpoint of environment {env!r}, not optigan")
     state = ck["generator"]
-    noise_dim, hidden = generator_dims(state)
-    G = OptiGANGenerator(noise_dim, hidden)
-    G.load_state_dict(state)
-    return G, ck
+    if "model.6.weight" in state:
+        generator_dims(state)  # a ValueError that names the keys, for a state dict of another layout
+    return OptiGANGenerator.from_state(state), ck
 
 
 def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4, distill_steps: int | None = None,
@@ -158,8 +159,11 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4,
     config = _run_config(run_dir)
     folds = output_folds(config)
     lr, betas, loss_g, loss_d = _run_settings(run_dir, config, epoch)
-    if distill_steps is None:
-        distill_steps = DISTILL_STEPS if folds else 0
+    if distill_steps is None:  # a fold_layer generator writes its folds exactly: nothing to distil
+        distill_steps = DISTILL_STEPS if folds and not G.fold_layer else 0
+    if G.fold_layer and distill_steps > 0:
+        raise ValueError(f"{checkpoint}: a fold_layer generator is written with its folds exactly; distillation "
+                         f"would replace its layers (pass --distill-steps 0, the default for it)")
     if distill_steps > 0 and not config:
         raise ValueError(f"{checkpoint}: distillation needs the run's run.json (the folds and the conditions come "
                          f"from it); keep the checkpoint in its run directory, or pass --distill-steps 0")

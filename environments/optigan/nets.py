@@ -23,10 +23,17 @@ NOISE_DIM = 10  #: opengate's gan_arguments["noise_dimension"]
 COND_DIM = 3  #: labels_length
 PHOTON_DIM = 6  #: output_dimension
 HIDDEN = 128  #: hidden_dimension (layers are 128, 256, 512 wide)
+FOLD_REFLECTIONS = 16  #: fold_layer: reflections written out on each side of a bound (the file's exact range)
 
 
-def generator_sequential(noise_dim: int = NOISE_DIM, hidden: int = HIDDEN) -> nn.Sequential:
-    """opengate's WGANGenerator.model, layer for layer."""
+def generator_sequential(noise_dim: int = NOISE_DIM, hidden: int = HIDDEN, fold_layer: bool = False
+                         ) -> nn.Sequential:
+    """opengate's WGANGenerator.model, layer for layer; fold_layer: its first two hidden layers and a linear output
+    (the third hidden layer is the fold's, written by `OptiGANGenerator.fold`)."""
+    if fold_layer:
+        return nn.Sequential(nn.Linear(noise_dim + COND_DIM, hidden), nn.ReLU(),
+                             nn.Linear(hidden, 2 * hidden), nn.ReLU(),
+                             nn.Linear(2 * hidden, PHOTON_DIM))
     return nn.Sequential(
         nn.Linear(noise_dim + COND_DIM, hidden), nn.ReLU(),
         nn.Linear(hidden, 2 * hidden), nn.ReLU(),
@@ -50,20 +57,27 @@ def _ones(n: int) -> torch.Tensor:
 
 
 class OptiGANGenerator(nn.Module):
-    """x = cat(noise (B, noise_dim), condition (B, 3)) -> photons (B, 6) in raw units."""
+    """x = cat(noise (B, noise_dim), condition (B, 3)) -> photons (B, 6) in raw units.
 
-    def __init__(self, noise_dim: int = NOISE_DIM, hidden: int = HIDDEN):
+    `fold_layer=True` (config environment.fold_layer, issue 24): the network is opengate's first two hidden layers and
+    a linear output, and the reflect fold comes after it. A fold is piecewise linear, so `fold()` writes it exactly
+    into opengate's third hidden layer (ReLU hinges at the bounds and their images) and last Linear: the exported
+    file computes this generator *with* its folds, for raw outputs within FOLD_REFLECTIONS widths of the bounds. The
+    bounds are then part of the state dict (`out_lo`, `out_hi`), so that a checkpoint exports on its own."""
+
+    def __init__(self, noise_dim: int = NOISE_DIM, hidden: int = HIDDEN, fold_layer: bool = False):
         super().__init__()
         self.noise_dim = noise_dim
-        self.model = generator_sequential(noise_dim, hidden)
+        self.fold_layer = bool(fold_layer)
+        self.model = generator_sequential(noise_dim, hidden, fold_layer)
         self.register_buffer("cond_mean", torch.zeros(COND_DIM))
         self.register_buffer("cond_std", _ones(COND_DIM))
         self.register_buffer("out_mean", torch.zeros(PHOTON_DIM))
         self.register_buffer("out_std", _ones(PHOTON_DIM))
         # optional physical bounds of the outputs (set_bounds): not persistent, so that the state dict keeps
-        # opengate's keys plus the standardisation; the environment sets them from its config
-        self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=False)
-        self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=False)
+        # opengate's keys plus the standardisation; the environment sets them from its config (fold_layer: kept)
+        self.register_buffer("out_lo", torch.full((PHOTON_DIM,), -torch.inf), persistent=self.fold_layer)
+        self.register_buffer("out_hi", torch.full((PHOTON_DIM,), torch.inf), persistent=self.fold_layer)
         self.bounded = False
         self.track_excess = False  #: forward sets `excess` (the environment's bounds_penalty takes it)
         self.excess: torch.Tensor | None = None
@@ -102,10 +116,23 @@ class OptiGANGenerator(nn.Module):
                         ("out_std", out_std)):
             getattr(self, name).copy_(torch.as_tensor(v, dtype=torch.float32))
 
+    @classmethod
+    def from_state(cls, state: dict[str, torch.Tensor]) -> "OptiGANGenerator":
+        """A generator of the layout of a SAGIPS `generator` state dict (plain, or fold_layer), loaded from it."""
+        hidden, n_in = state["model.0.weight"].shape
+        G = cls(n_in - COND_DIM, hidden, fold_layer="model.6.weight" not in state)
+        G.load_state_dict(state)
+        if G.fold_layer:
+            G.set_bounds(G.out_lo.clone(), G.out_hi.clone())
+        return G
+
     @torch.no_grad()
     def fold(self) -> dict[str, torch.Tensor]:
-        """A raw-units `model.*` state dict (opengate's layout) computing the same function as this module."""
+        """A raw-units `model.*` state dict (opengate's layout) computing the same function as this module (with a
+        fold_layer network: the folded function, see `_fold_layer`)."""
         sd = {k: v.detach().clone().double() for k, v in self.model.state_dict().items()}
+        if self.fold_layer:
+            sd.update(self._fold_layer(sd.pop("4.weight"), sd.pop("4.bias")))
         m, s = self.cond_mean.double(), self.cond_std.double()
         w0 = sd["0.weight"]
         wc = w0[:, self.noise_dim:]
@@ -116,10 +143,56 @@ class OptiGANGenerator(nn.Module):
         sd["6.weight"] = os_[:, None] * sd["6.weight"]
         return {f"model.{k}": v.float().contiguous() for k, v in sd.items()}
 
+    def _fold_layer(self, w: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        """opengate's last two layers ("4.*", "6.*", float64, output standardisation still applied by `fold`)
+        computing reflect_into(y) of y = w h + b exactly (unit_direction cannot be written this way).
+
+        A bounded output j (w_j = hi - lo) is the sum lo + relu(y - lo) - 2 relu(y - hi) + 2 relu(y - hi - w_j)
+        ... (K + 1 hinges upwards) + relu(lo - y) - 2 relu(lo - w_j - y) + ... (K + 1 downwards): the triangle wave
+        for y in [lo - K w_j, hi + K w_j]. Inside [lo, hi] one hinge is active, so the file is as exact as the plain
+        network there. An unbounded output is relu(y) - relu(-y). Unused hinges are zero rows."""
+        if self.unit_direction:
+            raise ValueError("fold_layer cannot write unit_direction into opengate's layout; train without it")
+        om, os_ = self.out_mean.double(), self.out_std.double()
+        lo, hi = self.out_lo.double(), self.out_hi.double()
+        width = 4 * self.model[0].out_features
+        w3 = torch.zeros(width, w.shape[1], dtype=torch.float64)
+        b3 = torch.zeros(width, dtype=torch.float64)
+        w4 = torch.zeros(PHOTON_DIM, width, dtype=torch.float64)
+        b4 = torch.zeros(PHOTON_DIM, dtype=torch.float64)
+        u = 0
+        K = FOLD_REFLECTIONS
+        for j in range(PHOTON_DIM):
+            # y_j in raw units is om_j + os_j (w_j h + b_j); a hinge relu(sign (y_j - t)) is one unit
+            if torch.isfinite(lo[j]) and torch.isfinite(hi[j]):
+                wd = float(hi[j] - lo[j])
+                hinges = [(1.0, float(lo[j]) + k * wd, 1.0 if k == 0 else 2.0 * (-1) ** k) for k in range(K + 2)]
+                hinges += [(-1.0, float(lo[j]) - k * wd, 1.0 if k == 0 else 2.0 * (-1) ** k) for k in range(K + 1)]
+                b4[j] = lo[j]
+            else:
+                hinges = [(1.0, 0.0, 1.0), (-1.0, 0.0, -1.0)]
+            if u + len(hinges) > width:
+                raise ValueError(f"fold_layer: {u + len(hinges)} hinges do not fit in {width} units")
+            for sign, t, coef in hinges:
+                w3[u] = sign * os_[j] * w[j]
+                b3[u] = sign * (om[j] + os_[j] * b[j] - t)
+                w4[j, u] = coef
+                u += 1
+        # `fold` applies the output standardisation to "6.*": undo it here, so that it leaves these as they are
+        return {"4.weight": w3, "4.bias": b3, "6.weight": w4 / os_[:, None], "6.bias": (b4 - om) / os_}
+
+    def fold_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """fold_layer: the raw outputs within which the exported file computes the fold exactly."""
+        wd = self.out_hi - self.out_lo
+        return self.out_lo - FOLD_REFLECTIONS * wd, self.out_hi + FOLD_REFLECTIONS * wd
+
     @torch.no_grad()
     def unfold(self, raw: dict[str, torch.Tensor]) -> None:
         """Load a raw-units `model.*` state dict (e.g. opengate's) so that this module computes the same function
         with its current standardisation buffers."""
+        if self.fold_layer:
+            raise ValueError("an opengate file cannot be loaded into a fold_layer generator (its third layer is the "
+                             "fold's); set environment.fold_layer=false to start from it")
         sd = {k[len("model."):]: v.detach().clone().double() for k, v in raw.items()}
         m, s = self.cond_mean.double(), self.cond_std.double()
         w0 = sd["0.weight"]
