@@ -10,6 +10,8 @@ the condition, the raw output; `exported.sample_like_opengate`):
   - `folded`: the run's generator with its folds (what the run's own figure measures),
   - `export, no distillation`: the plain network, as `sagips.export` wrote it before issue 24,
   - `export, distilled N steps`: the plain network fitted to the folded generator (`exported.distill`),
+  - for a run with `environment.fold_layer`: `export, folds written exactly`, the file that `sagips.export` writes
+    (the folds as ReLU hinges in opengate's third layer; use --distill-steps 0),
   - any `--opengate FILE` given (e.g. the published model_3341.pt, a reference trained on another crystal),
 and reports the JS similarity beside the MC-vs-MC ceiling, per feature, and the fraction of raw samples outside the
 crystal's bounds. Writes JSON (default docs/benchmarks/optigan_export.json); never part of make test.
@@ -83,6 +85,10 @@ def main(argv=None) -> int:
     for steps in args.distill_steps:
         if steps == 0:
             student, extra, name = G, {"distill_steps": 0}, "export, no distillation"
+            if G.fold_layer:  # the file holds the folds exactly (environment.fold_layer)
+                name = "export, folds written exactly (fold_layer)"
+        elif G.fold_layer:
+            p.error("a fold_layer generator is exported exactly: pass --distill-steps 0")
         else:
             d = distill(G, box_lo, box_hi, points, steps=steps, batch=args.batch, lr=args.lr, seed=0,
                         log=lambda m: print(m, flush=True))

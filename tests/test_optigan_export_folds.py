@@ -110,6 +110,8 @@ def test_a_fold_layer_generator_is_written_exactly_with_its_folds(fold_layer_run
     assert err < 1e-4 * float(width.max())
     assert _outside(out, env) == 0.0
     assert int(torch.load(out, weights_only=True)["epoch"]) == 1
+    q = env.quality(G)  # one figure: the run's own is the file's, and it says so
+    assert q["export_exact"] and "js_unfolded" not in q and "holds the folds exactly" in env.summary_table(q)
 
 
 def test_fold_layer_refuses_what_it_cannot_write():

@@ -423,7 +423,9 @@ class OptiGAN(Environment):
         out = {"js": sim["mean"], "js_ceiling": ceil["mean"], "js_gap": ceil["mean"] - sim["mean"],
                "js_features": sim["features"], "js_ceiling_features": ceil["features"],
                "quality_set": qs["kind"], "quality_points": len(qs["points"])}
-        if isinstance(G, OptiGANGenerator) and (G.bounded or G.unit_direction):
+        if isinstance(G, OptiGANGenerator) and G.fold_layer:
+            out["export_exact"] = True  # the opengate file holds the folds exactly: this is the file's figure too
+        elif isinstance(G, OptiGANGenerator) and (G.bounded or G.unit_direction):
             # the same generator without its folds: the network alone, as an opengate export without distillation
             # runs it (sagips.export distils the folds into the file and reports that file's own figure)
             with unfolded(G):
@@ -467,6 +469,9 @@ class OptiGAN(Environment):
             for f in FEATURES:
                 rows.append(f"  {f:8s}  {q['js_features'][f]:9.2f}   {q['js_ceiling_features'][f]:9.2f}")
             rows.append(f"  mean      {q['js']:9.2f}   {q['js_ceiling']:9.2f}   (gap {q['js_gap']:.2f} points)")
+            if q.get("export_exact"):
+                rows.append("  the opengate file (`python -m sagips.export`) holds the folds exactly (fold_layer): "
+                            "this is its figure too")
             return "\n".join(rows)
         rows = [f"  JS similarity on {q['quality_points']} {q['quality_set']} point(s), percent",
                 "  feature   folded (trained)   network alone   MC vs MC (ceiling)", "  " + "-" * 60]
