@@ -2,7 +2,7 @@
 
 On a CPU, bf16 autocast is fast only where the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); elsewhere torch
 emulates it and the critic runs several times slower than in float32. `auto` therefore takes bf16 on a CPU only where
-the CPU reports native bf16 *and* a start-up probe (the run's own critic, forward and backward on one chunk of rows,
+the CPU reports native bf16, torch dispatches AVX-512 kernels (not where it is held to AVX2), *and* a start-up probe (the run's own critic, forward and backward on one chunk of rows,
 timed in both precisions, well under a second) measures it faster; otherwise float32. On CUDA, `auto` takes bf16
 where the GPU has it (Ampere and newer: no loss scaling, so no replica skips a step on an overflow) and fp16 with a
 GradScaler elsewhere. The pipeline always runs in float32.
@@ -41,6 +41,13 @@ def cpu_native_bf16() -> bool:
     cpu = getattr(torch, "cpu", None)
     checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(bool(f()) for f in checks if callable(f))
+
+
+def dispatch_has_bf16(capability: str) -> bool:
+    """Whether torch's kernels, at the vector ISA they dispatch (`cpu_capability`), can use the CPU's bf16 units: only
+    at AVX-512 (AMX included). A CPU with AVX-512 BF16 whose torch is held to AVX2 (ATEN_CPU_CAPABILITY=avx2, with
+    ONEDNN_MAX_CPU_ISA=AVX2) emulates bf16 like a CPU without it."""
+    return capability.upper().startswith("AVX512")
 
 
 def _first_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
@@ -91,7 +98,10 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
     info: dict[str, Any] = {"requested": mode, "device": str(device)}
     if device.type == "cpu":
         info["cpu_capability"] = cpu_capability()
-        info["native_bf16"] = native = cpu_native_bf16()
+        flag = cpu_native_bf16()
+        info["native_bf16"] = native = flag and dispatch_has_bf16(info["cpu_capability"])
+        if flag and not native:
+            info["native_bf16_held_back"] = True  # the CPU has it, torch's dispatch does not use it
     if mode not in ("auto", *_DTYPES):
         raise ValueError(f"train.amp={mode!r}: expected auto, none, bf16 or fp16")
     if mode == "fp16" and device.type != "cuda":
@@ -113,7 +123,9 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
                           "auto: no bf16 on this GPU, fp16 with loss scaling")
     elif not native:
         dtype = None
-        info["reason"] = f"auto: this CPU ({info['cpu_capability']}) has no native bf16"
+        info["reason"] = (f"auto: torch dispatches {info['cpu_capability']} on this CPU, so its bf16 units are unused"
+                          if info.get("native_bf16_held_back") else
+                          f"auto: this CPU ({info['cpu_capability']}) has no native bf16")
     else:
         p = info["probe"] = _probe(D, device, rows) if D is not None else None
         fast = p is not None and p["bf16_ratio"] <= AUTO_BF16_MAX_RATIO

@@ -35,6 +35,18 @@ def test_auto_on_a_cpu_without_native_bf16_is_float32_and_runs_no_probe(native):
     assert calls == [] and "no native bf16" in info["reason"]
 
 
+def test_auto_where_torch_dispatches_avx2_on_a_bf16_cpu_is_float32_without_a_probe(native):
+    """ATEN_CPU_CAPABILITY=avx2 on a CPU with AVX-512 BF16: bf16 is emulated, and a noisy probe on a loaded machine
+    must not pick it (it did once: a run's precision then depended on the load)."""
+    native(True, "AVX2")
+    calls = []
+    dtype, info = precision.resolve("auto", CPU, mlp(2, 1, 8, 2), _probe=_probe(0.5, calls))
+    assert dtype is None and calls == [] and info["native_bf16"] is False and info["native_bf16_held_back"]
+    assert "dispatches AVX2" in info["reason"]
+    native(True, "AVX512")
+    assert precision.resolve("auto", CPU, mlp(2, 1, 8, 2), _probe=_probe(0.5))[0] is torch.bfloat16
+
+
 def test_auto_on_a_native_bf16_cpu_takes_bf16_only_when_the_probe_says_faster(native):
     native(True)
     dtype, info = precision.resolve("auto", CPU, mlp(2, 1, 8, 2), rows=512, _probe=_probe(0.4))
