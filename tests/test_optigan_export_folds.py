@@ -19,7 +19,7 @@ def folded_run(tmp_path_factory):
     """A run directory (run.json + one checkpoint) whose generator leans on its folds: its last layer is scaled up
     so that the network alone puts many photons outside the bounds, as a fold-trained network does."""
     run = tmp_path_factory.mktemp("run")
-    config = config_to_dict(load("configs/optigan-quick.yaml", SMALL))
+    config = config_to_dict(load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=false"]))
     env, _ = environment_for_config(config)
     torch.manual_seed(0)
     G = env.build_generator()
