@@ -83,6 +83,13 @@ def agree(comm, fn, *args, error: type[Exception] = DataError):
         out, err = fn(*args), None
     except error as e:
         out, err = None, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})"
+    if comm.size > 1 and hasattr(comm, "Ibarrier"):
+        # ranks that finish their reads first wait with sleeps, not in MPICH's spinning allgather: with more ranks
+        # than cores their spinning took the cores from the ranks still reading (4 ranks on 2 cores, 1e8 events:
+        # start-up 8.0 s, the reads' share of it twice a lone read's)
+        from sagips.comm.watchdog import wait_all
+
+        wait_all([comm.Ibarrier()], float("inf"), "the other ranks' reads", comm, 0, list(range(comm.size)))
     errors = [e for e in comm.allgather(err) if e is not None]
     if errors:
         raise error(errors[0])
