@@ -2,8 +2,9 @@
 
 On a CPU, bf16 autocast is fast only where the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); elsewhere torch
 emulates it and the critic runs several times slower than in float32. `auto` therefore takes bf16 on a CPU only where
-the CPU reports native bf16, torch dispatches AVX-512 kernels (not where it is held to AVX2), *and* a start-up probe (the run's own critic, forward and backward on one chunk of rows,
-timed in both precisions, well under a second) measures it faster; otherwise float32. On CUDA, `auto` takes bf16
+the CPU reports native bf16, torch dispatches AVX-512 kernels (not where it is held to AVX2), *and* a start-up probe
+(the run's own critic, forward and backward on one chunk of rows, timed in both precisions, well under a second)
+measures it faster; otherwise float32. On CUDA, `auto` takes bf16
 where the GPU has it (Ampere and newer: no loss scaling, so no replica skips a step on an overflow) and fp16 with a
 GradScaler elsewhere. The pipeline always runs in float32.
 

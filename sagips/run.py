@@ -394,8 +394,16 @@ def _load_data(r: _Run) -> None:
                   "share": cfg.data.share}
     if cfg.data.share == "node":
         _check_node_share(cfg, env_cls, data_file, reads_own)
-    if data_file and reads_own:
-        if cfg.data.share == "node":
+    generates_own = not data_file and reads_own and env_cls.generate_per_rank and writer.can_stream(r.env_cfg)
+    if (data_file and reads_own) or generates_own:
+        if generates_own:
+            # no file: the rank's subset of the file that `python -m sagips.data` would write with this seed,
+            # generated block by block (only the blocks that hold the rank's rows; nothing is broadcast)
+            n = int(r.env_cfg.reference_events)
+            layout = writer.virtual_layout(env_cls, r.env_cfg, cfg.seed, n)
+            ranges = shard.subset_ranges(r.np_seed, layout, fraction, cfg.data.subset)
+            arrays, _ = writer.generate_subset(env_cls, r.env_cfg, cfg.seed, n, ranges)
+        elif cfg.data.share == "node":
             arrays, layout, ranges = _load_node_subset(r, fraction)
         else:
             arrays, layout, ranges = shard.load_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
@@ -404,21 +412,8 @@ def _load_data(r: _Run) -> None:
         shared = env.shared_state()
         if shared:
             env.set_shared_state(r.comm.bcast(shared, root=0))
-        r.data_key.update(file=os.path.abspath(data_file), layout=layout["checksum"], subset=cfg.data.subset,
-                          rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
-    elif not data_file and reads_own and env_cls.generate_per_rank and writer.can_stream(r.env_cfg):
-        # no file: the rank's subset of the file that `python -m sagips.data` would write with this seed, generated
-        # block by block (only the blocks that hold the rank's rows; nothing is broadcast)
-        n = int(r.env_cfg.reference_events)
-        layout = writer.virtual_layout(env_cls, r.env_cfg, cfg.seed, n)
-        ranges = shard.subset_ranges(r.np_seed, layout, fraction, cfg.data.subset)
-        arrays, _ = writer.generate_subset(env_cls, r.env_cfg, cfg.seed, n, ranges)
-        env.attach_subset(arrays, layout["attrs"])
-        shared = env.shared_state()
-        if shared:
-            env.set_shared_state(r.comm.bcast(shared, root=0))
-        r.data_key.update(file=None, layout=layout["checksum"], subset=cfg.data.subset,
-                          rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
+        r.data_key.update(file=os.path.abspath(data_file) if data_file else None, layout=layout["checksum"],
+                          subset=cfg.data.subset, rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
     elif not data_file and env_cls.generate_per_rank:
         arrays, attrs = env_cls.generate_reference(r.env_cfg, cfg.seed)
         env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))

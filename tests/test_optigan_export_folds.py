@@ -7,8 +7,12 @@ import torch
 
 from sagips.config import config_to_dict, load
 from sagips_environments.optigan.export import ExportRefused, export_opengate
-from sagips_environments.optigan.exported import (environment_for_config, load_plain, outside_fraction,
-                                                  sample_like_opengate)
+from sagips_environments.optigan.exported import (
+    environment_for_config,
+    load_plain,
+    outside_fraction,
+    sample_like_opengate,
+)
 
 SMALL = ["seed=5", "environment.photons_per_point=300", "environment.grid_side=3", "environment.grid_depths=2",
          "environment.heldout_points=3", "environment.heldout_photons=1000"]
@@ -18,18 +22,24 @@ SMALL = ["seed=5", "environment.photons_per_point=300", "environment.grid_side=3
 def folded_run(tmp_path_factory):
     """A run directory (run.json + one checkpoint) whose generator leans on its folds: its last layer is scaled up
     so that the network alone puts many photons outside the bounds, as a fold-trained network does."""
-    run = tmp_path_factory.mktemp("run")
-    config = config_to_dict(load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=false"]))
+    ck, env, _ = _stretched_run(tmp_path_factory.mktemp("run"), "environment.fold_layer=false", seed=0)
+    return ck, env
+
+
+def _stretched_run(run, fold_layer: str, seed: int):
+    """(checkpoint, env, G): a run directory whose generator's output layer is scaled 60x, so that its raw outputs
+    fall far outside the bounds."""
+    config = config_to_dict(load("configs/optigan-quick.yaml", [*SMALL, fold_layer]))
     env, _ = environment_for_config(config)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     G = env.build_generator()
     with torch.no_grad():
-        G.model[6].weight.mul_(60.0)
+        G.model[-1].weight.mul_(60.0)
     (run / "run.json").write_text(json.dumps({"config": config}))
     ck = run / "checkpoints" / "rank0000" / "epoch0000001.pt"
     ck.parent.mkdir(parents=True)
     torch.save({"generator": G.state_dict(), "epoch": 1, "environment": "optigan"}, ck)
-    return ck, env
+    return ck, env, G
 
 
 def _outside(path, env):
@@ -64,18 +74,8 @@ def test_the_distilled_file_stays_inside_the_bounds(folded_run, tmp_path):
 def fold_layer_run(tmp_path_factory):
     """A run directory of a `fold_layer` generator (with energy_bounds) whose raw outputs lie up to several widths
     outside the bounds, so that every hinge of the written fold is used."""
-    run = tmp_path_factory.mktemp("fold_layer_run")
-    config = config_to_dict(load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=true"]))
-    env, _ = environment_for_config(config)
-    torch.manual_seed(1)
-    G = env.build_generator()
+    ck, env, G = _stretched_run(tmp_path_factory.mktemp("fold_layer_run"), "environment.fold_layer=true", seed=1)
     assert G.fold_layer and len(G.model) == 5 and G.bounded
-    with torch.no_grad():
-        G.model[4].weight.mul_(60.0)
-    (run / "run.json").write_text(json.dumps({"config": config}))
-    ck = run / "checkpoints" / "rank0000" / "epoch0000001.pt"
-    ck.parent.mkdir(parents=True)
-    torch.save({"generator": G.state_dict(), "epoch": 1, "environment": "optigan"}, ck)
     return ck, env, G
 
 

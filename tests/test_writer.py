@@ -228,7 +228,8 @@ def test_a_run_without_a_file_trains_on_the_written_files_rows(tmp_path):
     """The same seed, events and truth: a run that generates its data and one that reads the file `sagips.data`
     wrote end with bit-identical networks (so they trained on the same rows), and neither holds more rows."""
     path = tmp_path / "ref.h5"
-    r = run_mpi(1, ["-m", "sagips.data", "proxy1d", "--events", "30000", "--seed", "11", "--out", str(path)], timeout=90)
+    r = run_mpi(1, ["-m", "sagips.data", "proxy1d", "--events", "30000", "--seed", "11", "--out", str(path)],
+                timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
     base = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--mode", "ensemble", "--no-progress",
             "--epochs", "2", "--set", "seed=11", "--set", "environment.reference_events=30000",

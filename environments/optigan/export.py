@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from .nets import COND_DIM, OptiGANCritic, OptiGANGenerator
+from .nets import OptiGANCritic, OptiGANGenerator
 from .opengate import PlainGenerator, generator_dims, opengate_checkpoint, shift_conditions
 
 #: distillation steps of batch DISTILL_BATCH when the run trained with folds (docs/benchmarks/optigan.md, "Export")
