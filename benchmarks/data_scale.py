@@ -86,8 +86,10 @@ def write_file(events: int, path: Path) -> dict:
             "events_mb": events * 8 / 1e6, "write_ranks": 2}
 
 
-def cached_read(path: Path) -> dict:
-    """Seconds to read FRACTION of the file in blocks (as one rank does) from the page cache, warmed first."""
+def cached_read(path: Path, repeats: int) -> dict:
+    """Seconds for a fresh process to read FRACTION of the file in blocks (as one rank does: `shard.read_subset`
+    into new memory) from the page cache, warmed first: the median of `repeats` processes. On a virtual machine the
+    first touch of new memory varies several-fold from process to process, hence fresh processes and a median."""
     from sagips.io import shard
 
     for f in [path, *sorted(path.parent.glob(path.stem + ".part*"))]:
@@ -95,16 +97,25 @@ def cached_read(path: Path) -> dict:
             while fh.read(1 << 24):
                 pass
     layout = shard.read_layout(path, {"events": 2})
-    ranges = shard.subset_ranges(1, layout, FRACTION, "blocks")
-    t0 = time.time()
-    arrays = shard.read_subset(str(path), layout, ranges, {"events": 2})
-    dt = time.time() - t0
+    code = ("import sys, time; from sagips.io import shard; p = sys.argv[1]; "
+            "lay = shard.read_layout(p, {'events': 2}); r = shard.subset_ranges(1, lay, %r, 'blocks'); "
+            "t = time.perf_counter(); a = shard.read_subset(p, lay, r, {'events': 2}); "
+            "print(time.perf_counter() - t, len(a['events']))" % FRACTION)
+    times = []
+    for _ in range(repeats):
+        p = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, env=_env(), capture_output=True,
+                           text=True, timeout=600)
+        if p.returncode != 0:
+            raise SystemExit(f"data_scale: the timed read of {path} failed:\n{p.stderr[-2000:]}")
+        dt, rows = p.stdout.split()
+        times.append(float(dt))
     import h5py
 
     with h5py.File(path, "r") as f:
         virtual = f["events"].is_virtual
-    return {"cached_read_half_s": round(dt, 3), "layout_bytes": len(json.dumps(layout)), "virtual": virtual,
-            "block_rows": shard.block_rows(layout), "read_rows": len(arrays["events"])}
+    return {"cached_read_half_s": round(sorted(times)[len(times) // 2], 3), "cached_read_all_s": times,
+            "layout_bytes": len(json.dumps(layout)), "virtual": virtual, "block_rows": shard.block_rows(layout),
+            "read_rows": int(rows)}
 
 
 def run(n: int, data: Path | None, mode: str, work: Path) -> dict:
@@ -129,6 +140,13 @@ def run(n: int, data: Path | None, mode: str, work: Path) -> dict:
             "state_mb": states[-1].stat().st_size / 1e6 if states else None}
 
 
+def run_median(n: int, data: Path | None, mode: str, work: Path, repeats: int) -> dict:
+    """`run` `repeats` times: the run of the median start-up (with its memory and reads), and every start-up."""
+    res = [run(n, data, mode, work) for _ in range(repeats)]
+    best = sorted(res, key=lambda x: x["startup_s"])[len(res) // 2]
+    return {**best, "startup_all_s": [x["startup_s"] for x in res]}
+
+
 def label(events: int) -> str:
     e = len(str(events)) - 1
     return f"1e{e}" if events == 10**e else str(events)
@@ -145,7 +163,7 @@ def measure(a) -> list[dict]:
         part = parts_dir / f"none_n{n}.json"
         if not part.exists() and not a.smoke:
             load = os.getloadavg()[0]
-            res = run(n, None, "none", tmp / "work")
+            res = run_median(n, None, "none", tmp / "work", a.repeats)
             part.write_text(json.dumps({"size": "none", "events": 0, "machine": mach, "load_before": load, **res}, indent=1) + "\n")
             print(f"data_scale: no data, N={n}: startup {res['startup_s']:.2f} s", flush=True)
     for events in a.sizes:
@@ -162,13 +180,13 @@ def measure(a) -> list[dict]:
         try:
             load = os.getloadavg()[0]
             info = write_file(events, path)
-            info.update(cached_read(path))
+            info.update(cached_read(path, a.repeats))
             (parts_dir / f"{name}_file.json").write_text(json.dumps({"size": name, "events": events, "machine": mach,
                                                                      "load_before": load, **info}, indent=1) + "\n")
             print(f"data_scale: {name}: written in {info['write_s']:.1f} s, {info['file_mb']:.0f} MB", flush=True)
             for n, mode in todo:
                 load = os.getloadavg()[0]
-                res = run(n, path, mode, tmp / "work")
+                res = run_median(n, path, mode, tmp / "work", a.repeats)
                 (parts_dir / f"{name}_{mode}_n{n}.json").write_text(json.dumps(
                     {"size": name, "events": events, "machine": mach, "load_before": load, **res}, indent=1) + "\n")
                 rss = max(r["maxrss_mb"] for r in res["per_rank"])
@@ -275,13 +293,24 @@ def _figures(files: dict, none: dict, data: list[dict]) -> list[str]:
              f"names, shapes, chunk rows, attributes and the part files' names), by construction "
              f"(`sagips/io/shard.py`, `load_subset`); every rank's rows above come from its own h5py reads.")
     big = max(blocks, key=lambda p: (p["events"], p["ranks"]))
-    if big["ranks"] in none and big["size"] in files:
-        base, half = none[big["ranks"]]["startup_s"], files[big["size"]]["cached_read_half_s"]
-        ok = big["startup_s"] <= base + half
-        L.append(f"- **Start-up at {big['size']} events, {big['ranks']} ranks**: {big['startup_s']:.2f} s against "
-                 f"{base:.2f} s without data + {half:.2f} s to read half the file once from the page cache = "
-                 f"{base + half:.2f} s ({'met' if ok else 'missed'}; rank 0's reference-data phase: "
-                 f"{big['phases'].get('reference_data', 0):.2f} s).")
+    if big["size"] in files:
+        half = files[big["size"]]["cached_read_half_s"]
+        cores = big["machine"].get("cores") or 1
+        L.append(f"- **Start-up at {big['size']} events** (medians of the runs; the bound: the start-up without data "
+                 f"+ {half:.2f} s, the median time for a fresh process to read half the file from the page cache):")
+        for p in sorted((p for p in blocks if p["size"] == big["size"] and p["ranks"] in none),
+                        key=lambda p: p["ranks"]):
+            n, base = p["ranks"], none[p["ranks"]]["startup_s"]
+            ok = p["startup_s"] <= base + half
+            line = (f"  - N={n}: {p['startup_s']:.2f} s against {base:.2f} + {half:.2f} = {base + half:.2f} s "
+                    f"({'met' if ok else 'missed'}; rank 0's reference-data phase {p['phases'].get('reference_data', 0):.2f} s "
+                    f"against {none[n]['phases'].get('reference_data', 0):.2f} s without data)")
+            if n > cores:  # the N reads share the cores: at least ceil(N / cores) lone reads one after the other
+                k = -(-n // cores)
+                ok2 = p["startup_s"] <= base + k * half
+                line += (f"; {n} ranks on {cores} cores read at least {k} halves one after another: {base:.2f} + "
+                         f"{k} × {half:.2f} = {base + k * half:.2f} s ({'met' if ok2 else 'missed'})")
+            L.append(line)
     L += ["", "## Projected to 400 ranks and 10¹⁰ events (80 GB)", "",
           "Lines fitted to the sharded (`blocks`) runs over the file sizes, per rank; the old path's from the issue's "
           "measurements.", "", "| figure | grows with | here (largest run) | at 10¹⁰ events, 400 ranks | old broadcast "
@@ -324,10 +353,12 @@ def main(argv=None) -> int:
                     "mode keeps ~120 B per kept row per rank and walks the rows in Python: 6 GB per rank at 1e8)")
     ap.add_argument("--tmp", default="/tmp/sagips_data_scale", help="where the data files are written and deleted")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    ap.add_argument("--repeats", type=int, default=3, help="runs per part (and timed reads per file); the page "
+                    "gives the median start-up: on a shared virtual machine one start-up varies by tens of percent")
     ap.add_argument("--smoke", action="store_true", help="1e5 events, N = 1, 2, blocks only: a check that it runs")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.sizes, a.ranks, a.modes = "1e5", "1,2", "blocks"
+        a.sizes, a.ranks, a.modes, a.repeats = "1e5", "1,2", "blocks", 1
     a.sizes = [int(float(x)) for x in a.sizes.split(",")]
     a.ranks = [int(x) for x in a.ranks.split(",")]
     a.modes = a.modes.split(",")

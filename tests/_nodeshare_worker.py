@@ -24,7 +24,7 @@ for split in ("node", "pairs"):
         node, index = world.Split(color=world.rank // 2, key=world.rank), world.rank // 2
     layout, ranges = shard.plan_subset(world, path, {"events": 2}, shard.node_seed(SEED, 0, index), fraction,
                                        "blocks")
-    data = NodeData(node, path, layout, ranges, {"events": 2}, world)
+    data = NodeData(node, ranges, {"events": 2}, world, shard.reader(path, layout, {"events": 2}))
     env = Proxy1D(Proxy1DConfig(param_samples=4, events_per_sample=4), "cpu", seed=rank_seeds(SEED, 0, world.rank)[0])
     env.attach_subset(data.arrays, layout["attrs"])
     ev = data.arrays["events"]

@@ -5,6 +5,7 @@
 The truth is built here block by block from `Proxy1D.generate_reference` (the environment's own sampler) with
 SeedSequence seeds; the writer must give exactly those rows however it batches them and however many ranks write.
 """
+import json
 import os
 import shutil
 
@@ -87,6 +88,11 @@ def test_two_ranks_write_the_same_events_as_a_virtual_dataset(two_rank_file, tru
     ranges = shard.subset_ranges(3, layout, 0.5, "blocks")
     got = shard.read_subset(str(path), layout, ranges, {"events": 2})["events"]
     assert np.array_equal(got, np.concatenate([events[a:b] for a, b in ranges]))
+    shutil.copy(moved / parts[0], moved / "tmp.h5")  # a part rewritten after the layout: the main file is unchanged
+    os.replace(moved / "tmp.h5", moved / parts[0])
+    os.utime(moved / parts[0], ns=(layout["stat"][1][2] + 10**9,) * 2)  # (coarse file-system times)
+    with pytest.raises(DataError, match=f"changed since its layout was read at start-up \\({parts[0]} was rewritten"):
+        shard.read_subset(str(path), layout, ranges, {"events": 2})
     os.unlink(moved / parts[1])  # HDF5 would read its rows as the fill value
     with pytest.raises(DataError, match=f"part file {parts[1]} of dataset 'events' is missing") as e:
         shard.read_layout(path, {"events": 2})
@@ -220,13 +226,20 @@ def test_generated_subset_is_the_written_files_rows(truth, tmp_path, monkeypatch
     made, _ = writer.generate_subset(Proxy1D, cfg, SEED, N, ranges)
     assert made_blocks == [0, 1, 3]  # block 2 holds none of the rows: not generated
     assert np.array_equal(made["events"], np.concatenate([events[a:b] for a, b in ranges]))
+    window = np.full((len(made["events"]) + 4, 2), -1.0, np.float32)  # filled in place (a node's shared window)
+    got, _ = writer.generate_subset(Proxy1D, cfg, SEED, N, ranges, out={"events": window[2:-2]})
+    assert np.shares_memory(got["events"], window) and np.array_equal(window[2:-2], made["events"])
+    assert (window[:2] == -1).all() and (window[-2:] == -1).all()
+    with pytest.raises(ValueError, match="out must hold 17 rows"):
+        writer.generate_subset(Proxy1D, cfg, SEED, N, ranges, out={"events": window})
     with pytest.raises(ValueError, match="sorted, disjoint"):
         writer.generate_subset(Proxy1D, cfg, SEED, N, ranges[::-1])
 
 
 def test_a_run_without_a_file_trains_on_the_written_files_rows(tmp_path):
     """The same seed, events and truth: a run that generates its data and one that reads the file `sagips.data`
-    wrote end with bit-identical networks (so they trained on the same rows), and neither holds more rows."""
+    wrote end with bit-identical networks (so they trained on the same rows), and neither holds more rows; the same
+    with data.share=node on 2 ranks (one node's window)."""
     path = tmp_path / "ref.h5"
     r = run_mpi(1, ["-m", "sagips.data", "proxy1d", "--events", "30000", "--seed", "11", "--out", str(path)],
                 timeout=90)
@@ -249,3 +262,17 @@ def test_a_run_without_a_file_trains_on_the_written_files_rows(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     key = load_state(outs["made"], 0, 2)["data_key"]
     assert key["file"] is None and key["subset"] == "blocks" and key["rows"] == 15000 and len(key["layout"]) == 16
+
+    # data.share=node on 2 ranks: without a file, each rank generates half of the node's subset into the window;
+    # with the file, each reads half of it. Every rank ends bit-identical in both.
+    for name, extra in (("made_node", []), ("read_node", ["--set", f"environment.data_file={path}"])):
+        outs[name] = tmp_path / name
+        r = run_mpi(2, [*base, "--set", "data.share=node", *extra, "--output-dir", str(outs[name])], timeout=180)
+        assert r.returncode == 0, r.stderr[-3000:]
+    for rank in (0, 1):
+        a, b = (load_checkpoint(list_checkpoints(outs[k])[rank][2])["generator"] for k in ("made_node", "read_node"))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    key = load_state(outs["made_node"], 1, 2)["data_key"]
+    assert key["share"] == "node" and key["file"] is None and key["rows"] == 15000
+    record = json.loads((outs["made_node"] / "run.json").read_text())["reference_data"]
+    assert record["node_ranks"] == 2 and record["node_window_bytes"] == 15000 * 2 * 4  # one copy for the 2 ranks

@@ -3,7 +3,7 @@ node's subset in one MPI shared-memory window and bootstrap from it.
 
     node, index = split_nodes(comm)                           # the ranks of my node (COMM_TYPE_SHARED), numbered
     layout, ranges = shard.plan_subset(world, path, datasets, shard.node_seed(seed, member, index), fraction, mode)
-    data = NodeData(node, path, layout, ranges, datasets, world)   # node rank 0 allocates; every rank reads a part
+    data = NodeData(node, ranges, datasets, world, shard.reader(path, layout, datasets))  # every rank fills a part
     env.attach_subset(data.arrays, layout["attrs"])           # numpy views of the window: no copy
     ...
     data.free()                                               # collective over the node, after the last use
@@ -16,11 +16,13 @@ node ends the reads before anyone trains. The data never changes afterwards, so 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from mpi4py import MPI
 
 from sagips.io.refdata import DataError
-from sagips.io.shard import agree, read_subset, rows_between
+from sagips.io.shard import agree, rows_between
 
 
 def split_nodes(comm: MPI.Comm) -> tuple[MPI.Comm, int]:
@@ -35,15 +37,17 @@ def split_nodes(comm: MPI.Comm) -> tuple[MPI.Comm, int]:
 
 class NodeData:
     """The rows `ranges` of each of `datasets` (float32, (rows, columns), in file order), held once per node in an
-    MPI shared-memory window over `node`: `arrays` maps each dataset to a view of it.
+    MPI shared-memory window over `node`: `arrays` maps each dataset to a view of it. `fill(part, out)` puts the rows
+    `part` (ranges) into the arrays `out`; each rank of the node fills 1/size of the rows, and a DataError that it
+    raises on any rank is raised on every rank of `comm`.
 
     Owns the window and `node` (it frees both): call free() on every rank of `node`, in the same order as the other
     collective frees, once nothing uses `arrays` any more (the views point into memory that Free releases). Use after
     free raises RuntimeError. Collective over `node` (construction and free) and over `comm` (the read errors, which
     every rank of `comm` raises as one DataError)."""
 
-    def __init__(self, node: MPI.Comm, path: str, layout: dict, ranges: np.ndarray, datasets: dict[str, int],
-                 comm: MPI.Comm):
+    def __init__(self, node: MPI.Comm, ranges: np.ndarray, datasets: dict[str, int], comm: MPI.Comm,
+                 fill: Callable[[np.ndarray, dict[str, np.ndarray]], object]):
         self.node = node
         self.rows = int((ranges[:, 1] - ranges[:, 0]).sum())
         self.nbytes = self.rows * sum(datasets.values()) * 4  # the node's one copy, all datasets
@@ -62,7 +66,7 @@ class NodeData:
         # the node's barrier, inside a passive-target epoch (the MPI-3 pattern for load/store in shared windows)
         self._win.Lock_all(MPI.MODE_NOCHECK)
         try:
-            agree(comm, read_subset, path, layout, rows_between(ranges, lo, hi), datasets, mine)
+            agree(comm, fill, rows_between(ranges, lo, hi), mine)
         except DataError:
             self._win.Unlock_all()
             self.free()  # every rank raised it here (agree): the collective free is safe

@@ -94,11 +94,12 @@ def _expand(ranges: np.ndarray) -> np.ndarray:
     return offsets + np.arange(int(lengths.sum()), dtype=np.int64)
 
 
-def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray
-                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray,
+                    out: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Rows `ranges` (sorted, disjoint [start, stop), as `shard.subset_ranges` gives them) of the n-event file that
     `write_stream` would write with `seed`, and its attributes: bit for bit what `shard.read_subset` reads from that
-    file. Generates only the blocks that hold those rows; memory is the subset plus one block."""
+    file. Generates only the blocks that hold those rows; memory is the subset plus one block. out: arrays of the
+    subset's shape to fill (a node's shared window, sagips/io/nodeshare.py), else new ones."""
     S = STREAM_BLOCK_ROWS
     ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
     if len(ranges) and (ranges[0, 0] < 0 or ranges[-1, 1] > n or np.any(ranges[1:, 0] < ranges[:-1, 1])):
@@ -106,7 +107,6 @@ def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray
     total = int((ranges[:, 1] - ranges[:, 0]).sum())
     first, last = ranges[:, 0] // S, (ranges[:, 1] - 1) // S
     blocks = np.unique(_expand(np.stack([first, last + 1], axis=1)) if len(ranges) else first)
-    out: dict[str, np.ndarray] | None = None
     attrs: dict[str, Any] = {}
     at = 0
     for blk in blocks.tolist():
@@ -116,6 +116,8 @@ def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray
         arrays, attrs = generate_block(env_cls, cfg, seed, n, blk)
         if out is None:
             out = {k: np.empty((total, *a.shape[1:]), dtype=np.float32) for k, a in arrays.items()}
+        elif set(out) != set(arrays) or any(len(out[k]) != total for k in out):
+            raise ValueError(f"generate_subset: out must hold {total} rows of {sorted(arrays)}")
         for k, a in arrays.items():
             out[k][at:at + len(rows)] = a[rows]
         at += len(rows)
@@ -124,6 +126,11 @@ def generate_subset(env_cls, cfg: Any, seed: int, n: int, ranges: np.ndarray
         one, attrs = env_cls.generate_reference(dataclasses.replace(cfg, reference_events=1), seed)
         out = {k: np.empty((0, *a.shape[1:]), dtype=np.float32) for k, a in one.items()}
     return out, _file_attrs(attrs, n, seed)
+
+
+def generator(env_cls, cfg: Any, seed: int, n: int):
+    """fill(ranges, out) for sagips/io/nodeshare.py: `generate_subset` into `out` (a node's share without a file)."""
+    return lambda ranges, out: generate_subset(env_cls, cfg, seed, n, ranges, out)
 
 
 def part_name(path: str, rank: int, size: int) -> str:
