@@ -374,6 +374,8 @@ def _load_data(r: _Run) -> None:
     generators too costly to run on every rank (`generate_per_rank = False`), keep the old way: world rank 0 loads or
     generates everything and broadcasts it. The subset is a pure function of `r.data_key` (saved in the states).
     With data.share=node, the ranks of a node hold one subset, the node's, in a shared window (`_load_node_subset`)."""
+    from concurrent.futures import wait
+
     import numpy as np
 
     from sagips.environment import Environment
@@ -383,31 +385,45 @@ def _load_data(r: _Run) -> None:
 
     cfg, env_cls = r.cfg, r.env_cls
     r.data_file = data_file = getattr(r.env_cfg, "data_file", None)
-    # torch.optim imports torch._dynamo at its first step (~1.5 s of CPU): imported here, it counts in the start-up
-    # (and, on the broadcast path, the other ranks import it while rank 0 makes the data)
-    import torch._dynamo  # noqa: F401
-
-    r.env = env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
     fraction = float(getattr(r.env_cfg, "subset_fraction", 1.0))
-    reads_own = type(env).attach_subset is not Environment.attach_subset
+    reads_own = env_cls.attach_subset is not Environment.attach_subset
     r.data_key = {"seed": cfg.seed, "member": r.member, "rank": r.comm.rank, "subset_fraction": fraction,
                   "share": cfg.data.share}
     generates_own = not data_file and reads_own and env_cls.generate_per_rank and writer.can_stream(r.env_cfg)
     if cfg.data.share == "node":
         _check_node_share(cfg, env_cls, data_file, reads_own, generates_own)
-    if (data_file and reads_own) or generates_own:
-        if cfg.data.share == "node":
-            arrays, layout, ranges = _load_node_subset(r, fraction)
-        elif generates_own:
+    pending = None
+    if cfg.data.share != "node" and (generates_own or (data_file and reads_own)):
+        # the rank's own rows, made in a thread while this one imports torch._dynamo and builds the environment
+        # (h5py's reads and numpy release the GIL): with a core per rank the read hides behind ~1.5 s of imports
+        if generates_own:
             # no file: the rank's subset of the file that `python -m sagips.data` would write with this seed,
             # generated block by block (only the blocks that hold the rank's rows; nothing is broadcast)
             n = int(r.env_cfg.reference_events)
             layout = writer.virtual_layout(env_cls, r.env_cfg, cfg.seed, n)
             ranges = shard.subset_ranges(r.np_seed, layout, fraction, cfg.data.subset)
-            arrays, _ = writer.generate_subset(env_cls, r.env_cfg, cfg.seed, n, ranges)
+            pending = _in_background(lambda: writer.generate_subset(env_cls, r.env_cfg, cfg.seed, n, ranges)[0])
         else:
-            arrays, layout, ranges = shard.load_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
-                                                       cfg.data.subset)
+            layout, ranges = shard.plan_subset(r.world, data_file, env_cls.datasets, r.np_seed, fraction,
+                                               cfg.data.subset)
+            pending = _in_background(shard.read_subset, data_file, layout, ranges, env_cls.datasets)
+    # torch.optim imports torch._dynamo at its first step (~1.5 s of CPU): imported here, it counts in the start-up
+    # (and, on the broadcast path, the other ranks import it while rank 0 makes the data)
+    try:
+        import torch._dynamo  # noqa: F401
+
+        r.env = env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
+    except BaseException:
+        if pending is not None:
+            wait([pending])  # the read ends before the error does: no thread left inside HDF5
+        raise
+    if (data_file and reads_own) or generates_own:
+        if cfg.data.share == "node":
+            arrays, layout, ranges = _load_node_subset(r, fraction)
+        elif data_file:  # a DataError of any rank's read is raised on every rank (no rank waits in a collective)
+            arrays = shard.agree(r.world, pending.result)
+        else:
+            arrays = pending.result()
         env.attach_subset(arrays, layout["attrs"])
         shared = env.shared_state()
         if shared:
@@ -429,6 +445,18 @@ def _load_data(r: _Run) -> None:
         r.data_key.update(file=os.path.abspath(data_file) if data_file else None, subset="rows")
     del arrays
     r.phase("reference_data")
+
+
+def _in_background(fn, *args):
+    """fn(*args) in a worker thread: its Future (result() returns its value or raises its exception; the
+    interpreter joins the thread at exit)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sagips-data")
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _load_node_subset(r: _Run, fraction: float):
