@@ -301,7 +301,7 @@ def write_page(parts: list[dict], floors: dict, truths: list[str], a, path: Path
         fl = floors.get(truth)
         if fl:
             lines.append(f"| T{k} | ML floor | " + " | ".join(f"{v:+.4f}" for v in fl["r"]) + " |")
-    lines += ["", f"Parts finished: " + ", ".join(sorted(p["finished"] for p in parts)) if parts else "", "",
+    lines += ["", "Parts finished: " + ", ".join(sorted(p["finished"] for p in parts)) if parts else "", "",
               f"Notes and the history of earlier runs: [{NOTES}]({NOTES}).", ""]
     path.write_text("\n".join(lines))
 

@@ -54,8 +54,14 @@ def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from sagips_environments.optigan.exported import (distill, environment_for_config, folded_generator,
-                                                      load_plain, sample_like_opengate, score_samples)
+    from sagips_environments.optigan.exported import (
+        distill,
+        environment_for_config,
+        folded_generator,
+        load_plain,
+        sample_like_opengate,
+        score_samples,
+    )
     from sagips_environments.optigan.opengate import PlainGenerator
 
     torch.set_num_threads(1)

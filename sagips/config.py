@@ -20,8 +20,9 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from sagips.errors import ConfigError  # noqa: F401  (re-exported; defined apart so that sagips.environment needs
-#                                        no import of this module, which imports the environment registry)
+# ConfigError is re-exported; it is defined apart so that sagips.environment needs no import of this module, which
+# imports the environment registry
+from sagips.errors import ConfigError  # noqa: F401
 
 MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar", "hvd")
 #: the modes with inner groups and outer epochs (comm.inner_size, comm.outer_every, comm.outer_sync)
@@ -64,9 +65,10 @@ class TrainConfig:
     threads: int = opt(0, "torch intra-op threads per rank; 0 = the rank's own cores where the launcher pinned each "
                        "rank (e.g. --cpu-bind depth), else the host's cores / the ranks that share them", min=0)
     progress: bool = opt(True, "show a progress bar on rank 0")
-    amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), 'fp16' (CUDA, "
-                   "with a GradScaler), 'auto' (CUDA: bf16 where the GPU has it, else fp16; CPU: bf16 only where native and "
-                   "measured faster at start-up, else none; sagips/precision.py); the pipeline always runs in float32",
+    amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), "
+                   "'fp16' (CUDA, with a GradScaler), 'auto' (CUDA: bf16 where the GPU has it, else fp16; CPU: bf16 "
+                   "only where native and measured faster at start-up, else none; sagips/precision.py); the pipeline "
+                   "always runs in float32",
                    choices=("none", "bf16", "fp16", "auto"))
     ema: float = opt(0.0, "decay of an exponential moving average of the generator's weights (e.g. 0.999), kept on "
                      "each rank; when on, the logged quality and the checkpoints use the averaged generator and the "
@@ -393,7 +395,8 @@ def preset(spec: str) -> dict:
     elif isinstance(value, dict):
         raw = copy.deepcopy(value)
     else:
-        raise ConfigError(f"--config {spec}: the preset must be a mapping or a YAML file name, got {type(value).__name__}")
+        raise ConfigError(f"--config {spec}: the preset must be a mapping or a YAML file name, "
+                          f"got {type(value).__name__}")
     env = raw.get("environment")
     if env is None:
         env = raw["environment"] = {}
@@ -415,7 +418,8 @@ def is_preset(config_file: str) -> bool:
 def config_to_dict(cfg: Config) -> dict:
     d = to_dict(cfg)
     env = dict(d.pop("environment") or {})
-    env = {"name": getattr(cfg.environment, "name", DEFAULT_ENVIRONMENT), **{k: v for k, v in env.items() if k != "name"}}
+    env = {"name": getattr(cfg.environment, "name", DEFAULT_ENVIRONMENT),
+           **{k: v for k, v in env.items() if k != "name"}}
     return {"mode": d.pop("mode"), "environment": env, **d}
 
 

@@ -6,7 +6,6 @@ import pytest
 from tests._bench import load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def sweep():
     return load_benchmark("batch_sweep")

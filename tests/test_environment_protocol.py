@@ -161,7 +161,7 @@ def test_abstract_methods_are_the_protocol():
 @pytest.mark.parametrize("method", ["noise", "params"])
 def test_analyze_refuses_an_environment_without_noise_or_params(method):
     env = Minimal(MinimalConfig(), "cpu", 0)
-    setattr(Minimal, "_saved", getattr(Minimal, method))
+    Minimal._saved = getattr(Minimal, method)
     try:
         delattr(Minimal, method)
         with pytest.raises(NotImplementedError, match=method):

@@ -1,7 +1,8 @@
 """File-system work per rank does not grow with the ranks (issue 21, defect 4): at 400 ranks on Lustre, a rank that
 lists every rank's state directory on --resume (N^2 listings in all), or reads the marker and lists its directory at
 every save, loads the metadata servers for nothing. Counted with wrapped `open`/`os.open`/`os.listdir`/`os.scandir`
-(tests/_fsops_worker.py) at N = 2 and N = 4 (one and two groups of 2): a fresh run with a state every 2 epochs, then --resume of it."""
+(tests/_fsops_worker.py) at N = 2 and N = 4 (one and two groups of 2): a fresh run with a state every 2 epochs, then
+--resume of it."""
 import json
 import sys
 
@@ -35,7 +36,7 @@ def test_file_operations_per_rank_do_not_grow_with_the_ranks(tmp_path):
     small, large = counts(tmp_path, 2), counts(tmp_path, 4)
     for phase in ("fresh", "resume"):
         for kind in ("listings", "opens"):
-            per_rank = lambda runs: max(g[phase][kind] for g in runs)  # noqa: E731
+            per_rank = lambda runs, phase=phase, kind=kind: max(g[phase][kind] for g in runs)  # noqa: E731
             assert per_rank(large) <= per_rank(small), (phase, kind, [g[phase][kind] for g in small],
                                                         [g[phase][kind] for g in large])
     # the counter sees the work (so that the comparison can fail): every rank opened its own states to write them,

@@ -8,7 +8,6 @@ import pytest
 from tests._bench import load_benchmark
 
 
-
 @pytest.fixture(scope="module")
 def lc():
     return load_benchmark("loop_closure")

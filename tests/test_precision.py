@@ -78,7 +78,7 @@ def test_explicit_choices_on_cpu(native):
 def test_cuda_path_without_cuda_uses_the_gpu_capability(monkeypatch):
     # torch.device("cuda") can be named without a GPU; resolve() then asks torch.cuda for bf16 support
     for has_bf16, want in ((True, torch.bfloat16), (False, torch.float16)):
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: has_bf16)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, has_bf16=has_bf16, **k: has_bf16)
         dtype, info = precision.resolve("auto", torch.device("cuda", 0))
         assert dtype is want and info["resolved"] == precision.dtype_name(want)
 
@@ -88,8 +88,9 @@ def test_the_real_probe_times_both_precisions_and_leaves_the_critic_and_rng_alon
     before = [p.detach().clone() for p in D.parameters()]
     state = torch.get_rng_state()
     p = precision.probe(D, CPU, rows=64, reps=1)
-    assert p["fp32_ms"] > 0 and p["bf16_ms"] > 0 and p["bf16_ratio"] == pytest.approx(p["bf16_ms"] / p["fp32_ms"],
-                                                                                    rel=1e-2)
-    assert all(torch.equal(a, b) for a, b in zip(before, D.parameters())) and all(q.grad is None for q in D.parameters())
+    assert p["fp32_ms"] > 0 and p["bf16_ms"] > 0
+    assert p["bf16_ratio"] == pytest.approx(p["bf16_ms"] / p["fp32_ms"], rel=1e-2)
+    assert all(torch.equal(a, b) for a, b in zip(before, D.parameters()))
+    assert all(q.grad is None for q in D.parameters())
     assert torch.equal(state, torch.get_rng_state())
     assert precision.probe(torch.nn.Sequential(torch.nn.ReLU()), CPU) is None

@@ -52,8 +52,9 @@ class StopAgreement:
 
     def after_epoch(self, epoch: int, requested: bool, saved: int = 0) -> int | None:
         """Call at the end of every epoch with this rank's stop request and the epoch of its newest saved state.
-        Returns the agreed last epoch (>= epoch) once it is known, else None. Every rank posts one reduction per epoch that it runs, also after the
-        agreement (all ranks then run the same epochs, so that they post the same sequence)."""
+        Returns the agreed last epoch (>= epoch) once it is known, else None. Every rank posts one reduction per
+        epoch that it runs, also after the agreement (all ranks then run the same epochs, so that they post the
+        same sequence)."""
         if requested and self.signalled_at is None:
             self.signalled_at = epoch
         flag = np.array([1 if requested else 0, -saved], dtype=np.int64)

@@ -130,8 +130,8 @@ def gather_json(comm: MPI.Comm, obj, root: int = 0, *, timeout_s: float | None, 
     is_root = comm.Get_rank() == root
     sizes = np.zeros(comm.Get_size(), dtype=np.int64) if is_root else None
     peers = list(range(comm.Get_size()))
-    wait_all([comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T] if is_root else None, root=root)], timeout_s, what, comm,
-             epoch, peers)
+    wait_all([comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T] if is_root else None, root=root)], timeout_s, what,
+             comm, epoch, peers)
     recv = None
     if is_root:
         counts = sizes.astype(np.int64)
