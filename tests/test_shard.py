@@ -79,6 +79,23 @@ def test_subset_is_a_pure_function_of_the_key(data_file):
     assert np.array_equal(got[:, 1], legacy.astype(np.float32))
 
 
+@pytest.mark.parametrize("storage", ["float64, contiguous", "float32, gzip chunks", "float32, odd chunks"])
+@pytest.mark.parametrize("mode", ["blocks", "rows"])
+def test_any_storage_reads_the_rows_of_the_ranges(tmp_path, storage, mode):
+    """Truth: the whole dataset read with h5py and cut with numpy at the subset's ranges (as float32)."""
+    full = np.random.default_rng(3).normal(size=(5000, 3))
+    kw = {"float64, contiguous": {"data": full},
+          "float32, gzip chunks": {"data": full.astype(np.float32), "chunks": (100, 3), "compression": "gzip"},
+          "float32, odd chunks": {"data": full.astype(np.float32), "chunks": (77, 3)}}[storage]
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f.create_dataset("events", **kw)
+    layout = shard.read_layout(tmp_path / "f.h5", {"events": 3})
+    ranges = shard.subset_ranges(5, layout, 0.3, mode)
+    got = shard.read_subset(str(tmp_path / "f.h5"), layout, ranges, {"events": 3})["events"]
+    want = np.concatenate([full[a:b] for a, b in ranges]).astype(np.float32)
+    assert got.dtype == np.float32 and got.flags.c_contiguous and np.array_equal(got, want)
+
+
 def test_errors_are_one_line(tmp_path, data_file):
     small = tmp_path / "small.h5"
     _file(small, rows=10)
