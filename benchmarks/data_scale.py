@@ -357,6 +357,8 @@ def main(argv=None) -> int:
                     "gives the median start-up: on a shared virtual machine one start-up varies by tens of percent")
     ap.add_argument("--smoke", action="store_true", help="1e5 events, N = 1, 2, blocks only: a check that it runs")
     a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error("--repeats must be at least 1")
     if a.smoke:
         a.sizes, a.ranks, a.modes, a.repeats = "1e5", "1,2", "blocks", 1
     a.sizes = [int(float(x)) for x in a.sizes.split(",")]

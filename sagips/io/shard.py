@@ -202,7 +202,7 @@ def read_subset(path: str, layout: dict[str, Any], ranges: np.ndarray, datasets:
                         part = ranges[r0:r]  # gather the kept rows: one index array, not a loop per row
                         lengths = part[:, 1] - part[:, 0]
                         idx = np.repeat(part[:, 0] - a - (np.cumsum(lengths) - lengths), lengths) + np.arange(kept)
-                        arr[o:o + kept] = scratch[idx]
+                        np.take(scratch, idx, axis=0, out=arr[o:o + kept])
                 except OSError as e:
                     raise DataError(f"data file {path}: dataset '{name}' is corrupt "
                                     f"({str(e).splitlines()[0][:120]})") from None
