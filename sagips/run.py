@@ -381,7 +381,7 @@ def _load_data(r: _Run) -> None:
     from sagips.environment import Environment
     from sagips.io import shard, writer
     from sagips.io.distribute import broadcast_arrays
-    from sagips.io.refdata import read_reference
+    from sagips.io.refdata import DataError, read_reference
 
     cfg, env_cls = r.cfg, r.env_cls
     r.data_file = data_file = getattr(r.env_cfg, "data_file", None)
@@ -412,7 +412,10 @@ def _load_data(r: _Run) -> None:
     try:
         import torch._dynamo  # noqa: F401
 
-        r.env = env = env_cls(r.env_cfg, r.device, seed=r.torch_seed)
+        # agreed: an environment that fails on some ranks only (a file missing on one node) fails on every rank,
+        # with its one line, instead of leaving the others waiting in the next collective
+        r.env = env = shard.agree(r.world, lambda: env_cls(r.env_cfg, r.device, seed=r.torch_seed),
+                                  error=(ConfigError, DataError))
     except BaseException:
         if pending is not None:
             wait([pending])  # the read ends before the error does: no thread left inside HDF5

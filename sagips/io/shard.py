@@ -88,13 +88,15 @@ def share_layout(comm, path: str, datasets: dict[str, int]) -> dict[str, Any]:
     return on_root(comm, read_layout, path, datasets)
 
 
-def agree(comm, fn, *args, error: type[Exception] = DataError):
-    """fn(*args) on every rank; if it raises `error` on any rank, every rank raises the first such error (by rank),
-    so that no rank is left waiting in a later collective."""
+def agree(comm, fn, *args, error: type[Exception] | tuple[type[Exception], ...] = DataError):
+    """fn(*args) on every rank; if it raises `error` (a class or a tuple of them) on any rank, every rank raises the
+    first such error (by rank, its class and message), so that no rank is left waiting in a later collective."""
+    kinds = error if isinstance(error, tuple) else (error,)
     try:
         out, err = fn(*args), None
-    except error as e:
-        out, err = None, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})"
+    except kinds as e:
+        kind = next(i for i, k in enumerate(kinds) if isinstance(e, k))
+        out, err = None, (kind, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})")
     if comm.size > 1 and hasattr(comm, "Ibarrier"):
         # ranks that finish their reads first wait with sleeps, not in MPICH's spinning allgather: with more ranks
         # than cores their spinning took the cores from the ranks still reading (4 ranks on 2 cores, 1e8 events:
@@ -104,7 +106,7 @@ def agree(comm, fn, *args, error: type[Exception] = DataError):
         wait_all([comm.Ibarrier()], float("inf"), "the other ranks' reads", comm, 0, list(range(comm.size)))
     errors = [e for e in comm.allgather(err) if e is not None]
     if errors:
-        raise error(errors[0])
+        raise kinds[errors[0][0]](errors[0][1])
     return out
 
 
