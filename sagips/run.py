@@ -423,11 +423,9 @@ def _load_data(r: _Run) -> None:
     if (data_file and reads_own) or generates_own:
         if cfg.data.share == "node":
             arrays, layout, ranges = _load_node_subset(r, fraction)
-        elif data_file:  # a DataError of any rank's read is raised on every rank (no rank waits in a collective)
+        else:  # a DataError of any rank's read (or blocks) is raised on every rank (no rank waits in a collective)
             arrays = shard.agree(r.world, pending.result)
-        else:
-            arrays = pending.result()
-        env.attach_subset(arrays, layout["attrs"])
+        shard.agree(r.world, env.attach_subset, arrays, layout["attrs"], error=(ConfigError, DataError))
         shared = env.shared_state()
         if shared:
             env.set_shared_state(r.comm.bcast(shared, root=0))
