@@ -139,6 +139,26 @@ def _same_final_generators(full, cut):
     return all(torch.equal(g_full[k], g_cut[k]) for k in g_full)
 
 
+def test_a_read_in_a_thread_trains_on_the_same_rows(tmp_path, data_file, monkeypatch):
+    """A large read runs in a thread beside the imports (sagips.run.BACKGROUND_READ_BYTES): set to 0 here, the run
+    reads in the thread, and ends bit-identical to one that reads in the main thread."""
+    import sagips.run as run
+
+    threaded, real = [], run._in_background
+    monkeypatch.setattr(run, "_in_background", lambda fn, *a: threaded.append(fn.__name__) or real(fn, *a))
+    args = ["--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", "2", "--set",
+            f"environment.data_file={data_file}", "--set", "environment.param_samples=8", "--set",
+            "environment.events_per_sample=10", "--set", "train.quality_samples=8", "--set", "train.checkpoint_every=2"]
+    for name, threshold in (("thread", 0), ("main", 1 << 62)):
+        monkeypatch.setattr(run, "BACKGROUND_READ_BYTES", threshold)
+        assert run.main([*args, "--output-dir", str(tmp_path / name)]) == 0
+    assert threaded == ["read_subset"]
+    from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+
+    a, b = (load_checkpoint(list_checkpoints(tmp_path / d)[0][2])["generator"] for d in ("thread", "main"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_resume_rebuilds_the_subset_from_a_state_without_indices(tmp_path, data_file, capsys):
     from sagips.run import main
 
