@@ -1,16 +1,17 @@
 """Reference data at scale (issue 23): what a rank holds, reads and saves, against the file's size and the ranks.
 
-    python benchmarks/data_scale.py [--sizes 1e6,1e7,1e8] [--ranks 1,2,4] [--tmp /tmp/sagips_data_scale]
+    python benchmarks/data_scale.py [--sizes 1e6,1e7,1e8] [--ranks 1,2,4] [--repeats 3] [--tmp /tmp/sagips_data_scale]
     python benchmarks/data_scale.py --smoke --out DIR          # 1e5 events, N = 1, 2, blocks only (tests/)
 
 For each size, `mpiexec -n 2 python -m sagips.data proxy1d` writes the file (two part files joined by a virtual
 dataset) under --tmp; then for N ranks and each `data.subset` mode, `mpiexec -n N` runs 2 epochs of the quick preset
 (8 parameter sets) on it, every rank wrapped by this script (`--child`), which records the rank's peak resident
-memory (ru_maxrss), the rows h5py returned to it (a patched `Dataset.__getitem__`) and its bytes read (/proc rchar).
-run.json gives `startup_s` and rank 0's phases, the state directory one state file. A run without a data file (1,000
-generated events) gives the start-up without data. Each part is a JSON file in docs/benchmarks/data_scale/, skipped
-when it exists (delete it to rerun); the files are deleted after their size. The page, docs/benchmarks/data_scale.md,
-is generated whole from the JSON; notes by hand go into docs/benchmarks/data_scale_notes.md.
+memory (ru_maxrss), the rows h5py returned to it (patched `Dataset.__getitem__` and `read_direct`) and its bytes
+read (/proc rchar). run.json gives `startup_s` and rank 0's phases, the state directory one state file. Each part
+runs --repeats times and keeps the run of the median start-up; the bound's read is timed in as many fresh processes
+(median). A run without a data file (1,000 generated events) gives the start-up without data. Each part is a JSON
+file in docs/benchmarks/data_scale/, skipped when it exists (delete it to rerun); the files are deleted after their
+size. The page, docs/benchmarks/data_scale.md, is generated whole from the JSON; notes by hand go into docs/benchmarks/data_scale_notes.md.
 """
 from __future__ import annotations
 
