@@ -11,7 +11,8 @@ read (/proc rchar). run.json gives `startup_s` and rank 0's phases, the state di
 runs --repeats times and keeps the run of the median start-up; the bound's read is timed in as many fresh processes
 (median). A run without a data file (1,000 generated events) gives the start-up without data. Each part is a JSON
 file in docs/benchmarks/data_scale/, skipped when it exists (delete it to rerun); the files are deleted after their
-size. The page, docs/benchmarks/data_scale.md, is generated whole from the JSON; notes by hand go into docs/benchmarks/data_scale_notes.md.
+size. The page, docs/benchmarks/data_scale.md, is generated whole from the JSON; notes by hand go into
+docs/benchmarks/data_scale_notes.md.
 """
 from __future__ import annotations
 
