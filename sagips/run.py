@@ -249,6 +249,7 @@ def _configure(r: _Run) -> None:
     """The config (every rank validates the same input: the same error everywhere), the ensemble members' communicators,
     the output directory and, on --resume, the epoch that every rank holds."""
     from sagips.io.distribute import on_root  # (numpy: not at the top, which runs before the supervisor forks)
+    from sagips.io.shard import agree
 
     args, world = r.args, r.world
     flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
@@ -258,7 +259,9 @@ def _configure(r: _Run) -> None:
     if args.profile:
         flags["train.profile"] = True
     base = on_root(world, saved_config, args.output_dir) if (args.resume and not args.config) else None
-    r.cfg = cfg = load(args.config, args.set, flags, base=base)
+    # agreed: a config that one rank cannot load (a preset file or an environment package missing on one node) is
+    # an error of every rank, not a rank that exits while the others wait in the next collective
+    r.cfg = cfg = agree(world, lambda: load(args.config, args.set, flags, base=base), error=ConfigError)
 
     # ensemble members: independent runs in sub-communicators of the world
     r.members = members = cfg.ensemble.members

@@ -1,5 +1,6 @@
-"""Under mpiexec (tests/test_faults.py): the proxy1d environment raises a one-line error on rank 1 only (a file that
-one node lacks), the other ranks build it; then `sagips.run` as the command line runs it. argv: KIND OUT_DIR."""
+"""Under mpiexec (tests/test_faults.py): a one-line error on rank 1 only (a file that one node lacks), the other
+ranks go on; then `sagips.run` runs. argv: KIND OUT_DIR. KIND data/config: the proxy1d environment's construction
+raises DataError/ConfigError; load: the config's loading raises ConfigError."""
 import sys
 
 from mpi4py import MPI
@@ -14,12 +15,24 @@ build = Proxy1D.__init__
 
 def on_rank_1_only(self, *args, **kwargs):
     if MPI.COMM_WORLD.rank == 1:
-        raise {"data": DataError, "config": ConfigError}[kind]("data file /nfs/heldout.h5 is missing on this node")
+        raise {"data": DataError}.get(kind, ConfigError)("data file /nfs/heldout.h5 is missing on this node")
     build(self, *args, **kwargs)
 
 
 Proxy1D.__init__ = on_rank_1_only
+import sagips.run  # noqa: E402
 from sagips.run import main  # noqa: E402
+
+if kind == "load":
+    Proxy1D.__init__ = build
+    load = sagips.run.load
+
+    def load_on_rank_1_only(*args, **kwargs):
+        if MPI.COMM_WORLD.rank == 1:
+            raise ConfigError("data file /nfs/heldout.h5 is missing on this node")
+        return load(*args, **kwargs)
+
+    sagips.run.load = load_on_rank_1_only
 
 sys.exit(main(["--config", "configs/proxy1d-quick.yaml", "--mode", "ensemble", "--epochs", "1", "--no-progress",
                "--set", "environment.reference_events=20000", "--output-dir", out_dir]))

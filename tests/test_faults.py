@@ -104,11 +104,11 @@ def test_an_error_on_one_rank_ends_the_job_at_once_and_names_it(tmp_path, mode, 
     assert time.time() - t0 < 90
 
 
-@pytest.mark.parametrize("kind", ["data", "config"])
-def test_an_environment_that_fails_on_one_rank_only_ends_every_rank_with_one_line(tmp_path, kind):
-    """A one-line error (DataError, ConfigError) in one rank's environment, e.g. a file missing on one node: every
-    rank exits 2 with rank 0 printing the line, naming the rank; before, rank 0 waited in the next collective with
-    nothing printed."""
+@pytest.mark.parametrize("kind", ["data", "config", "load"])
+def test_an_error_on_one_rank_only_before_training_ends_every_rank_with_one_line(tmp_path, kind):
+    """A one-line error (DataError, ConfigError) in one rank's environment or config, e.g. a file missing on one
+    node: every rank exits 2 with rank 0 printing the line, naming the rank; before, rank 0 waited in the next
+    collective with nothing printed."""
     r = run_mpi(2, ["tests/_envfail_worker.py", kind, str(tmp_path / "run")], timeout=60)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2, r.stderr[-2000:]

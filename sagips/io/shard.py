@@ -90,13 +90,14 @@ def share_layout(comm, path: str, datasets: dict[str, int]) -> dict[str, Any]:
 
 def agree(comm, fn, *args, error: type[Exception] | tuple[type[Exception], ...] = DataError):
     """fn(*args) on every rank; if it raises `error` (a class or a tuple of them) on any rank, every rank raises the
-    first such error (by rank, its class and message), so that no rank is left waiting in a later collective."""
+    first such error (by rank, its class and message, naming the rank unless every rank raised the same), so that no
+    rank is left waiting in a later collective."""
     kinds = error if isinstance(error, tuple) else (error,)
     try:
         out, err = fn(*args), None
     except kinds as e:
         kind = next(i for i, k in enumerate(kinds) if isinstance(e, k))
-        out, err = None, (kind, f"{e}" if comm.size == 1 else f"{e} (rank {comm.rank})")
+        out, err = None, (kind, f"{e}")
     if comm.size > 1 and hasattr(comm, "Ibarrier"):
         # ranks that finish their reads first wait with sleeps, not in MPICH's spinning allgather: with more ranks
         # than cores their spinning took the cores from the ranks still reading (4 ranks on 2 cores, 1e8 events:
@@ -104,9 +105,12 @@ def agree(comm, fn, *args, error: type[Exception] | tuple[type[Exception], ...] 
         from sagips.comm.watchdog import wait_all
 
         wait_all([comm.Ibarrier()], float("inf"), "the other ranks' reads", comm, 0, list(range(comm.size)))
-    errors = [e for e in comm.allgather(err) if e is not None]
+    every = comm.allgather(err)
+    errors = [(rank, e) for rank, e in enumerate(every) if e is not None]
     if errors:
-        raise kinds[errors[0][0]](errors[0][1])
+        rank, (kind, msg) = errors[0]
+        same = len(errors) == len(every) and all(e == errors[0][1] for _, e in errors)
+        raise kinds[kind](msg if comm.size == 1 or same else f"{msg} (rank {rank})")
     return out
 
 
