@@ -619,7 +619,11 @@ def _describe(r: _Run) -> None:
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
-        r.agreement = StopAgreement(comm, cfg.comm.timeout_s or None)
+        every = cfg.comm.outer_every
+        # which epochs' exchanges wait for other ranks (sagips/comm/stop.py: learn of a stop before them)
+        syncs = {"ensemble": lambda e: False, "rma-arar-arar": lambda e: e % every == 0}.get(
+            r.peer.mode if r.peer is not None else cfg.mode)
+        r.agreement = StopAgreement(comm, cfg.comm.timeout_s or None, syncs=syncs)
         trainer.stop_agreement = r.agreement
     r.phase("run_json")
     from sagips.perf import process_age_s

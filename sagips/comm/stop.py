@@ -20,6 +20,13 @@ while nobody asked to stop (rma-arar-arar keeps its tolerance of stragglers):
 A rank that ends its last epoch before it learns of a stop joins step 2 in `finish` with the last epoch: the run then
 simply completes.
 
+Step 2 waits, so a rank must never enter an exchange that waits for other ranks while one of them may be waiting in
+step 2 for it (rma-arar-arar, 4 ranks: ranks 0-2 waited in step 2 at epoch 9 while rank 3, which had not yet
+learned, waited in the next outer epoch's exchange for them, until the watchdog aborted the job). So before an epoch
+whose exchange waits for others (`syncs(epoch)`: every epoch of the ring and allreduce modes, rma-arar-arar's outer
+epochs, none in ensemble mode) a rank completes its outstanding flag reductions (all ranks posted them), stopping at
+the first flagged one: it learns of any stop that another rank may be waiting on before it can block on that rank.
+
 The same reduction carries each rank's newest saved training state (as MAX of its negative): its result is the newest
 epoch that every rank holds (`complete`), from which rank 0 writes state/latest.json and every rank knows which of
 its old states it may delete (sagips.io.state.RankStates), with no file read.
@@ -35,7 +42,9 @@ from sagips.comm import watchdog
 
 
 class StopAgreement:
-    def __init__(self, comm: MPI.Comm, timeout_s: float | None, max_ahead: int = 64):
+    def __init__(self, comm: MPI.Comm, timeout_s: float | None, max_ahead: int = 64, syncs=None):
+        """syncs(epoch): whether that epoch's exchange may wait for other ranks (None: every epoch, the safe
+        choice)."""
         if max_ahead < 1:
             raise ValueError("max_ahead must be >= 1")
         # Collectives match in the order they are posted on a communicator: the per-epoch flags (step 1) and the
@@ -43,6 +52,7 @@ class StopAgreement:
         # ever matched against the exchange's collectives.
         self.comm, self.agree_comm = comm.Dup(), comm.Dup()
         self.timeout_s, self.max_ahead = timeout_s, max_ahead
+        self.syncs = syncs if syncs is not None else (lambda epoch: True)
         self.pending: deque[tuple[int, MPI.Request, np.ndarray, np.ndarray]] = deque()  # (epoch, request, result, sent)
         self.flagged_at: int | None = None  #: the first epoch whose reduction carried a stop flag
         self.target: int | None = None  #: the agreed last epoch (step 2's result)
@@ -61,9 +71,10 @@ class StopAgreement:
         res = np.zeros(2, dtype=np.int64)
         # both buffers live in the queue until the request completes (MPI reads and writes them asynchronously)
         self.pending.append((epoch, self.comm.Iallreduce(flag, res, op=MPI.MAX), res, flag))
+        learn = self.syncs(epoch + 1)  # the next epoch may wait for other ranks: learn of any stop first
         while self.pending and self.flagged_at is None:
             e, req, res, _ = self.pending[0]
-            if len(self.pending) > self.max_ahead:  # too far ahead of the slowest rank: wait for it
+            if learn or len(self.pending) > self.max_ahead:  # (or too far ahead of the slowest rank: wait for it)
                 watchdog.wait_all([req], self.timeout_s, "stop agreement", self.comm, epoch, self._others)
             elif not req.Test():
                 break
