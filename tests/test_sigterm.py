@@ -96,8 +96,8 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_epoch(tmp_path, mode, 
         # each rank's epoch when the signal lands: its newest state, or the epoch after it (then in progress)
         reached = max(max(state_epochs(out, r), default=0) for r in range(n)) + 1
         os.kill(pids[1], signal.SIGTERM)
-        # beyond comm.timeout_s: a rank left waiting in a collective is named by the watchdog's abort (seen once in
-        # CI, rma-arar-arar: no rank had printed its stop 60 s after the signal; not reproduced in 40 reruns)
+        # beyond comm.timeout_s: a rank left waiting in a collective is named by the watchdog's abort (this found the
+        # stop agreement's deadlock with an outer epoch, rma-arar-arar: sagips/comm/stop.py, tests/mpi/test_stop.py)
         so, se = p.communicate(timeout=120)
     log = so + se
     assert p.returncode == 143, f"exit {p.returncode}: {log[-2000:]}"
