@@ -525,6 +525,7 @@ def _build_trainer(r: _Run) -> None:
     # rma-arar-arar never synchronises ranks outside the exchange: rank 0 logs its own generator only, and the other
     # ranks compute no quality at all (at 400 ranks, 399 would throw it away)
     local_quality = r.rma or comm.size == 1
+    r.gathers_quality = not local_quality  # (a log epoch then waits for every rank: sagips/comm/stop.py)
 
     def gather_quality(q):
         if local_quality:
@@ -619,10 +620,12 @@ def _describe(r: _Run) -> None:
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
-        every = cfg.comm.outer_every
-        # which epochs' exchanges wait for other ranks (sagips/comm/stop.py: learn of a stop before them)
-        syncs = {"ensemble": lambda e: False, "rma-arar-arar": lambda e: e % every == 0}.get(
-            r.peer.mode if r.peer is not None else cfg.mode)
+        def syncs(epoch: int) -> bool:  # the epochs that wait for other ranks: a stop is learned before them
+            if r.peer is not None:  # (a baseline's exchange: every epoch)
+                return True
+            return bool(r.exchange is not None and r.exchange.waits(epoch)) or (r.gathers_quality and
+                                                                               trainer.logs_at(epoch))
+
         r.agreement = StopAgreement(comm, cfg.comm.timeout_s or None, syncs=syncs)
         trainer.stop_agreement = r.agreement
     r.phase("run_json")

@@ -454,7 +454,7 @@ class Trainer:
                             st.stats[k] = st.stats.get(k, 0) + v
                     if epoch == 1 or epoch % t.checkpoint_every == 0 or epoch == t.epochs:
                         save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G_eval, self.env.name)
-                    if epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs:
+                    if self.logs_at(epoch):
                         with self.ranges(LOG):
                             self._log(epoch, out, bar)
                     stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
@@ -474,6 +474,11 @@ class Trainer:
             if self.metrics is not None:
                 self.metrics.close()
         return st
+
+    def logs_at(self, epoch: int) -> bool:
+        """Whether epoch `epoch` logs (and, where the ranks gather it, scores) the quality."""
+        t = self.cfg.train
+        return epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs
 
     def _set_lr(self, epoch: int) -> None:
         """lr(e) = lr0 * final ** ((e - 1) / (epochs - 1)), final = lr_final (lr_d_final for the discriminator, where

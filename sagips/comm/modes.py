@@ -44,6 +44,9 @@ class Exchange(Protocol):
     # the trainer then passes zeros) while the rank still takes part, so that nobody waits for it.
     def __call__(self, buf: np.ndarray, epoch: int, weight: float = 1.0) -> dict: ...
 
+    # whether epoch `epoch`'s exchange may wait for other ranks (sagips/comm/stop.py learns of a stop before it)
+    def waits(self, epoch: int) -> bool: ...
+
     def free(self) -> None: ...
 
 
@@ -52,6 +55,9 @@ class Ensemble:
 
     def __call__(self, buf, epoch, weight=1.0):
         return {}
+
+    def waits(self, epoch):
+        return False
 
     def free(self):
         pass
@@ -73,6 +79,9 @@ class Allreduce:
         buf /= np.float32(max(self.count[0], 1.0))
         return {}
 
+    def waits(self, epoch):
+        return True
+
     def free(self):
         pass
 
@@ -87,6 +96,9 @@ class RingMean:
         self.ring.allreduce(buf, weight=weight, epoch=epoch)
         self.last_weight = self.ring.last_weight  # contributors in the result (the leaders' ring weighs by it)
         return {}
+
+    def waits(self, epoch):
+        return True
 
     def free(self):
         pass
@@ -121,6 +133,9 @@ class Grouped:
                 self.inner.consumed(epoch)
             stats = {**stats, "outer": 1}
         return stats
+
+    def waits(self, epoch):
+        return self.inner.waits(epoch) or epoch % self.outer_every == 0  # the leaders' ring and broadcast
 
     def free(self):
         self.inner.free()
@@ -162,6 +177,9 @@ class _RmaStep:
 
     def consumed(self, epoch):
         self.rma.consumed(epoch)
+
+    def waits(self, epoch):
+        return False  # one-sided: a slow rank never blocks its neighbours
 
     def free(self):
         self.rma.free()

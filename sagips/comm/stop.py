@@ -23,9 +23,10 @@ simply completes.
 Step 2 waits, so a rank must never enter an exchange that waits for other ranks while one of them may be waiting in
 step 2 for it (rma-arar-arar, 4 ranks: ranks 0-2 waited in step 2 at epoch 9 while rank 3, which had not yet
 learned, waited in the next outer epoch's exchange for them, until the watchdog aborted the job). So before an epoch
-whose exchange waits for others (`syncs(epoch)`: every epoch of the ring and allreduce modes, rma-arar-arar's outer
-epochs, none in ensemble mode) a rank completes its outstanding flag reductions (all ranks posted them), stopping at
-the first flagged one: it learns of any stop that another rank may be waiting on before it can block on that rank.
+that waits for others (`syncs(epoch)`: every epoch of the ring and allreduce modes, rma-arar-arar's outer epochs,
+and the epochs whose logged quality is gathered from every rank) a rank completes its outstanding flag reductions
+(all ranks posted them), stopping at the first flagged one: it learns of any stop that another rank may be waiting
+on before it can block on that rank.
 
 The same reduction carries each rank's newest saved training state (as MAX of its negative): its result is the newest
 epoch that every rank holds (`complete`), from which rank 0 writes state/latest.json and every rank knows which of
