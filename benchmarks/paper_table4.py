@@ -4,6 +4,8 @@ GAN) and Figs. 14-16 / eq. 10 (N ranks with the batch split against one rank wit
     python benchmarks/paper_table4.py            # the study: M = 5 runs per column, 400 epochs (~70 min, 2 cores)
     python benchmarks/paper_table4.py --quick    # M = 2, 200 epochs (under 20 min)
     python benchmarks/paper_table4.py --smoke    # M = 1, 3 epochs, 2 ranks: the plumbing (the test suite)
+    python benchmarks/paper_table4.py --profile converge   # issue 37: the preset's full 4,000 epochs, equal epochs
+                                                            # and equal time (benchmarks/paper_table4_converge.py)
 
 Part A, Table IV / Fig. 13: N = RANKS ranks (4, as 2 groups of 2), the quick preset (configs/proxy1d-quick.yaml)
 with the same epochs for every column, and the paper's outer period scaled to the run: h = epochs / 100 (the paper:
@@ -61,7 +63,7 @@ SMALL = ["environment.reference_events=20000", "environment.param_samples=16", "
 def column_launch(col: str, prof: dict) -> tuple[int, list[str]]:
     """(ranks, sagips.run arguments besides the output directory and seed) of one run of column `col`."""
     n, e = prof["ranks"], prof["epochs"]
-    h = max(1, e // 100)
+    h = prof.get("outer_every") or max(1, e // 100)  # converge: the preset's own h; else the paper's h/epochs
     inner = max(1, n // 2)
     common = ["--epochs", str(e), "--set", f"train.checkpoint_every={prof['checkpoint_every']}",
               "--set", "train.state_every=100000", "--set", f"label={col}"]
@@ -100,6 +102,21 @@ def complete(out: Path) -> bool:
         return False
 
 
+def run_command(n: int, args: list[str], out: Path, seed: int, extra: list[str]) -> list[str]:
+    """The mpiexec command line of one launch of `n` ranks (sagips.run arguments `args`, then `--set` of `extra`)."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"  # the venv's (pip's mpich), else the one on PATH
+    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable, "-m", "sagips.run",
+           "--config", PRESET, "--no-progress", "--overwrite", "--output-dir", str(out), "--seed", str(seed), *args]
+    for s in extra:
+        cmd += ["--set", s]
+    return cmd
+
+
+def printable(cmd: list[str]) -> str:
+    """A launch's command as the page quotes it (no local paths)."""
+    return " ".join(["mpiexec", *cmd[1:]]).replace(sys.executable, "python").replace(str(ROOT) + "/", "")
+
+
 def launch(col: str, k: int, prof: dict, runs: Path, results: Path, extra: list[str], timeout_s: float) -> dict:
     """Run (or skip, when complete) run k of column col; its small JSON record."""
     out = runs / col / f"s{k}"
@@ -107,19 +124,14 @@ def launch(col: str, k: int, prof: dict, runs: Path, results: Path, extra: list[
     if complete(out) and rec_path.exists():
         return json.loads(rec_path.read_text())
     n, args = column_launch(col, prof)
-    mpiexec = Path(sys.executable).parent / "mpiexec"  # the venv's (pip's mpich), else the one on PATH
-    cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable, "-m", "sagips.run", "--config", PRESET, "--no-progress",
-           "--overwrite", "--output-dir", str(out), "--seed", str(1000 + k), *args]
-    for s in extra:
-        cmd += ["--set", s]
+    cmd = run_command(n, args, out, 1000 + k, extra)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"paper_table4: {col} run {k} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
     infos = [json.loads((d / "run.json").read_text()) for d in run_dirs(out)]
-    rec = {"column": col, "run": k, "ranks": n,
-           "command": " ".join(["mpiexec", *cmd[1:]]).replace(sys.executable, "python").replace(str(ROOT) + "/", ""),
+    rec = {"column": col, "run": k, "ranks": n, "command": printable(cmd),
            "wall_s": round(wall, 1), "train_s_per_rank": round(float(np.mean([np.mean(i["train_seconds"])
                                                                                for i in infos])), 1),
            "members": len(infos), "epochs": infos[0]["epochs"], "batch": infos[0].get("batch"),
@@ -331,20 +343,37 @@ def main(argv=None) -> int:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="M = 2 runs per column, 200 epochs (under 20 minutes)")
     g.add_argument("--smoke", action="store_true", help="M = 1, 3 epochs, 2 ranks: checks the plumbing (tests)")
+    g.add_argument("--profile", choices=("full", "quick", "smoke", "converge", "converge-smoke"), default=None,
+                   help="full (the default), quick, smoke, or converge: Table IV at the preset's full epochs, "
+                        "against the clock (issue 37; benchmarks/paper_table4_converge.py, its own flags below)")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/paper_table4[_PROFILE])")
     ap.add_argument("--docs", type=Path, default=ROOT / "docs" / "benchmarks",
                     help="where the page, its JSON and figures go")
-    ap.add_argument("--parts", default="table,split", help="comma-separated: table (Table IV), split (Figs. 14-16)")
+    ap.add_argument("--parts", default=None, help="comma-separated: table (Table IV), split (Figs. 14-16); "
+                    "default table,split. converge: calibrate, table, control (default calibrate,table)")
     ap.add_argument("--page-only", action="store_true", help="only analyse the finished runs and write the page")
-    ap.add_argument("--timeout-min", type=float, default=30.0, help="kill a run that takes longer")
+    ap.add_argument("--timeout-min", type=float, default=None, help="kill a run that takes longer (default 30; "
+                    "converge: 180)")
+    ap.add_argument("--columns", default=None, help="converge: only these columns (comma-separated)")
+    ap.add_argument("--commit", action="store_true", help="converge: git-commit each run's JSON as it finishes")
+    ap.add_argument("--frozen-code", action="store_true", help="converge: run sagips from a snapshot of HEAD taken "
+                    "at the study's first start (RUNS/code), not from the working tree that others edit")
     a = ap.parse_args(argv)
-    name = "smoke" if a.smoke else "quick" if a.quick else "full"
+    name = a.profile or ("smoke" if a.smoke else "quick" if a.quick else "full")
+    if name.startswith("converge"):
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import paper_table4_converge
+
+        return paper_table4_converge.main(a, name)
+    if a.columns or a.commit or a.frozen_code:
+        ap.error("--columns, --commit and --frozen-code belong to --profile converge")
+    a.timeout_min = a.timeout_min or 30.0
     prof = PROFILES[name]
     runs = a.runs or ROOT / "runs" / ("paper_table4" if name == "full" else f"paper_table4_{name}")
     docs = a.docs
     results = docs / "paper_table4"
     docs.mkdir(parents=True, exist_ok=True)
-    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    parts = [p.strip() for p in (a.parts or "table,split").split(",") if p.strip()]
     if set(parts) - {"table", "split"}:
         ap.error(f"--parts: unknown part(s) {sorted(set(parts) - {'table', 'split'})}")
     cols = (TABLE_COLUMNS if "table" in parts else ()) + (SPLIT_COLUMNS if "split" in parts else ())
