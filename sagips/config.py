@@ -92,6 +92,10 @@ class CommConfig:
     """How generator gradients travel between ranks (paper section IV-B)."""
 
     inner_size: int = opt(0, "ranks per inner group; 0 = the ranks of one node (MPI COMM_TYPE_SHARED)", min=0)
+    allow_cross_node_rma: bool = opt(False, "rma-arar-arar: accept an inner_size whose groups span nodes, so that "
+                                     "their one-sided MPI crosses the network, where Cray MPICH on Slingshot has "
+                                     "known hangs (pmodels/mpich#7118, #7830; docs/polaris.md); false = such a size "
+                                     "is refused at start-up")
     outer_every: int = opt(1000, "h: the leaders' (outer) ring runs every h epochs", min=1)
     ring: str = opt("whole", "'whole' (paper: N-1 hops of the full buffer) or 'chunked' (reduce-scatter + all-gather)",
                     choices=("whole", "chunked"))

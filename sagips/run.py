@@ -273,6 +273,16 @@ def _configure(r: _Run) -> None:
     if cfg.comm.inner_size > comm.size:
         raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} is larger than the ranks of a run "
                           f"({comm.size}); use at most {comm.size}, or 0 for one group per node")
+    if cfg.mode == "rma-arar-arar" and cfg.comm.inner_size and not cfg.comm.allow_cross_node_rma:
+        # one-sided MPI across nodes has known hangs on Slingshot (docs/polaris.md): only on the user's word
+        from sagips.comm.topology import groups_across_nodes, node_of_ranks
+
+        across = groups_across_nodes(node_of_ranks(comm), cfg.comm.inner_size)
+        if across:
+            raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} puts ranks of several nodes into {len(across)} "
+                              f"RMA group(s) (the first: ranks {across[0][0]}-{across[0][-1]}), where one-sided MPI "
+                              f"can hang (docs/polaris.md); use a size that keeps each group on one node (0: one "
+                              f"group per node), or set comm.allow_cross_node_rma=true to take that risk")
     for key in ("delay_ranks", "fail_ranks"):
         bad = [x for x in getattr(cfg.pipeline, key) if not 0 <= x < comm.size]
         if bad:

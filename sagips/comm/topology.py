@@ -88,3 +88,21 @@ def build_topology(world: MPI.Comm, inner_size: int | None) -> Topology:
     return Topology(world=world, inner=inner, outer=outer, group_index=group_index, n_groups=len(groups),
                     group_sizes=[len(g) for g in groups], groups=[list(g) for g in groups],
                     inner_size=inner_size or None)
+
+
+def node_of_ranks(world: MPI.Comm) -> list[int]:
+    """The node of every rank of `world` (a node = the ranks of one MPI_COMM_TYPE_SHARED split, numbered by its lowest
+    rank), identical on every rank. Collective over `world`."""
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        lowest = node.allreduce(world.Get_rank(), op=MPI.MIN)
+    finally:
+        node.Free()
+    return world.allgather(lowest)
+
+
+def groups_across_nodes(nodes: list[int], inner_size: int) -> list[list[int]]:
+    """The fixed inner groups (inner_size consecutive ranks, as build_topology forms them) that hold ranks of more than
+    one node; nodes[r] is the node of rank r (node_of_ranks)."""
+    groups = [list(range(s, min(s + inner_size, len(nodes)))) for s in range(0, len(nodes), inner_size)]
+    return [g for g in groups if len({nodes[r] for r in g}) > 1]
