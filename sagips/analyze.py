@@ -41,6 +41,7 @@ from sagips.analysis.ensemble import (
     check_runs,
     expand_run_dirs,
     group_runs,
+    group_uncertainty,
     load_run,
     predict_group,
 )
@@ -117,6 +118,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> d
             rs["ellipse95_1e3"].append(stats.confidence_ellipse(spread, rmse, 0.95))
     rates = [r.rate() for r in g.runs]
     known = [x for x in rates if x is not None]
+    u, conv = group_uncertainty(g)
     return {
         "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
         "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
@@ -130,6 +132,12 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> d
         "final": {"epoch": int(g.epochs[-1]), "time_s": float(g.time_s[-1]), "p_hat": last.p_hat,
                   "sigma": last.sigma, "residual_1e3": last.residual * 1e3,
                   "residual_sigma_1e3": last.residual_sigma * 1e3},
+        "uncertainty": {"epoch": int(g.epochs[-1]), "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
+                        "members": u.members, "scatter": u.scatter, "ranks": u.ranks, "drift": u.drift,
+                        "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
+                        "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
+                        "notes": u.notes},
+        "convergence": conv,
         "rmse_vs_spread": rs,
         "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
                           "std": float(np.std(known)) if known else None},
@@ -212,6 +220,7 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
              (f"Environment `{summary['environment']}`; {len(summary['runs'])} run(s) in {len(groups)} group(s) "
               f"(grouped by `{s['group_by']}`); K = {s['noise_samples']} shared noise vectors (seed {s['seed']})."),
              "",
+             *quotable(summary), "",
              "## Normalised residuals at the last time step (Table IV style)", "",
              ("r̂_i = (p_i − p̂_i)/p_i of the ensemble mean p̂ (eq. 6, 7) ± 1σ = σ_i/|p_i| (eq. 8), in units of "
               "10⁻³."), ""]
@@ -249,6 +258,41 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
     lines += ["", ("Every number above and in the figures is in `summary.json`; see docs/analysis.md for how to "
                    "read them."), ""]
     return "\n".join(lines)
+
+
+def quotable(summary: dict[str, Any]) -> list[str]:
+    """The section "p̂ ± σ per parameter": the estimate to quote, its σ and σ's parts, and the convergence
+    diagnostic, one table per group (docs/analysis.md, "What σ contains")."""
+    lines = ["## Parameters: p̂ ± σ (what to quote)", "",
+             ("σ = sqrt(spread² + drift²): the spread between independent members turned into the error of their "
+              "mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
+              "without members), and the drift of p̂ over the last "
+              f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs. Pull = (p̂ − truth)/σ.")]
+    for g in summary["groups"]:
+        u = g["uncertainty"]
+        how = f" (members = scatter × {u['factor']:.3f})" if u["spread_from"] == "members" else ""
+        lines += ["", f"### {g['name']}: {u['n_members']} member(s), σ from {u['spread_from']}{how}, "
+                      f"epoch {u['epoch']}", "",
+                  "| parameter | truth | p̂ ± σ | members | ranks | drift | pull | convergence |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for i, name in enumerate(summary["parameters"]):
+            c = g["convergence"][i]
+            state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
+            z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
+            lines.append(f"| {name} | {g['truth'][i]:.6g} | {_g(u['p_hat'][i])} ± {_g(u['sigma'][i])} | "
+                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | "
+                         f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
+        lines += [""] + [f"- {n}" for n in u["notes"]] + [f"- {c['message']}" for c in g["convergence"]
+                                                           if c["moving"] is not False]
+    return lines
+
+
+def _g(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
 
 
 def _write(path: str, text: str) -> None:
@@ -315,10 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def markdown_table_only(summary: dict[str, Any]) -> str:
-    """The Table IV part of summary.md, for the terminal."""
+    """The p̂ ± σ section and the Table IV part of summary.md, for the terminal."""
     text = markdown(summary, {})
     start = text.index("| Residual")
-    return text[start:text.index("\n\n", start)]
+    return "\n".join(quotable(summary)) + "\n\n" + text[start:text.index("\n\n", start)]
 
 
 if __name__ == "__main__":

@@ -738,12 +738,21 @@ def _finish(r: _Run) -> None:
     if r.is_root:
         r.run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
                           wall_seconds=walls, exchange_stats=stats, final_quality=final_q)
+        from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
+
+        conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names())
+        if conv:
+            r.run_info["convergence"] = conv[0]
         write_run_json(r.out_dir, r.run_info)
         table = env.summary_table(final_q) if final_q else ""
         print(f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
-              f"of training; outputs in {r.out_dir}", flush=True)
+              f"of training; outputs in {r.out_dir}; the table is the mean of all {comm.size} rank(s)' generators",
+              flush=True)
         if table:
             print(table, flush=True)
+        if conv:
+            print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
+                  flush=True)
     comm.Free()
 
 

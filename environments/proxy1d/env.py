@@ -241,6 +241,7 @@ class Proxy1D(Environment):
         p_hat = np.mean([q["params"] for q in per_rank], axis=0).tolist()
         out = self._residuals(p_hat)
         out["rank_max_abs_residual"] = [q["max_abs_residual"] for q in per_rank]
+        out["rank_params"] = [q["params"] for q in per_rank]  # the spread of the ranks (the convergence diagnostic)
         return out
 
     def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:

@@ -250,10 +250,10 @@ class RunPredictor:
         return float(ck["time_s"])
 
     @torch.no_grad()
-    def predict(self, epoch: int, noise: torch.Tensor) -> tuple[np.ndarray, list[float]]:
+    def predict(self, epoch: int, noise: torch.Tensor) -> tuple[np.ndarray, list[float], np.ndarray]:
         """The run's prediction at `epoch`: the mean over its ranks of the physical parameters, per noise vector,
-        shape (K, P); and every rank's time_s."""
-        acc, times = None, []
+        shape (K, P); every rank's time_s; and every rank's prediction averaged over the noise, (R, P)."""
+        acc, times, per_rank = None, [], []
         for rank in sorted(self.run.checkpoints):
             times.append(self.load(rank, epoch))
             try:
@@ -262,7 +262,8 @@ class RunPredictor:
                 raise AnalysisError(f"{self.run.path}: its generator cannot take the group's noise batch "
                                     f"{tuple(noise.shape)} ({' '.join(str(e).split())[:160]})") from None
             acc = p if acc is None else acc + p
-        return acc / len(times), times
+            per_rank.append(p.mean(axis=0))
+        return acc / len(times), times, np.stack(per_rank)
 
 
 @dataclass
@@ -276,6 +277,7 @@ class GroupSeries:
     time_s: np.ndarray    #: (T,) mean accumulated training seconds over all runs' ranks at each epoch
     preds: np.ndarray     #: (T, N, K, P) every run's rank-averaged prediction per noise vector
     names: list[str] | None = None  #: the parameters' names (Environment.parameter_names), None: unnamed
+    rank_preds: list[np.ndarray] = field(default_factory=list)  #: per run, (T, R, P): each rank's noise-averaged
 
     def at(self, t: int, members: Sequence[int] | None = None) -> stats.EnsembleResult:
         """Eqs. 6-8 at time step t, for all runs or the given subset."""
@@ -292,19 +294,106 @@ def predict_group(name: str, runs: Sequence[Run], noise_samples: int, noise_seed
                             f"({'; '.join(f'{r.path}: {r.epochs()[:3]}...' for r in runs[:2])})")
     predictors = [RunPredictor(r, noise_seed) for r in runs]
     noise = predictors[0].noise(noise_samples)
-    preds, times = [], []
+    preds, times, ranks = [], [], [[] for _ in predictors]
     for t, epoch in enumerate(common):
         row, tt = [], []
-        for pr in predictors:
-            p, ts = pr.predict(epoch, noise)
+        for j, pr in enumerate(predictors):
+            p, ts, per_rank = pr.predict(epoch, noise)
             if p.shape[-1] != len(pr.run.truth):
                 raise AnalysisError(f"{pr.run.path}: the generator predicts {p.shape[-1]} parameters but the truth "
                                     f"has {len(pr.run.truth)}")
             row.append(p)
             tt.extend(ts)
+            ranks[j].append(per_rank)
         preds.append(np.stack(row))
         times.append(float(np.mean(tt)))
         if progress is not None:
             progress(f"group {name}: epoch {epoch} ({t + 1}/{len(common)})")
     return GroupSeries(name, list(runs), runs[0].truth.copy(), np.asarray(common), np.asarray(times),
-                       np.stack(preds), predictors[0].names)
+                       np.stack(preds), predictors[0].names, [np.stack(r) for r in ranks])
+
+
+# ------------------------------------------------------------------------------------------------ p^ +- sigma
+def independent_ranks(run: Run) -> bool:
+    """The ranks of `--mode ensemble` train independent GANs (no exchange): each rank is a member of its own."""
+    return run.mode == "ensemble"
+
+
+def data_identity(run: Run) -> Any:
+    """What makes two runs' reference data the same set: the file, or the seed and truth it was generated from."""
+    env = (run.info.get("config") or {}).get("environment") or {}
+    if env.get("data_file"):
+        return ("file", env["data_file"])
+    return ("generated", (run.info.get("config") or {}).get("seed"), env.get("reference_events"),
+            tuple(run.truth.tolist()))
+
+
+def members_at(g: GroupSeries, t: int) -> tuple[np.ndarray, list[float | None]]:
+    """The independent members of a group at time step t, (M, P), each averaged over the noise: every rank of a
+    `--mode ensemble` run, every other run as one member (its ranks exchange, so they are one estimate); and the
+    fraction of the data each member learns from (None: unknown)."""
+    rows, seen = [], []
+    for run, rp in zip(g.runs, g.rank_preds):
+        f = ((run.info.get("config") or {}).get("environment") or {}).get("subset_fraction")
+        if independent_ranks(run):
+            rows.extend(rp[t])
+            seen.extend([None if f is None else stats.seen_fraction(f, 1)] * len(rp[t]))
+        else:
+            rows.append(rp[t].mean(axis=0))
+            seen.append(None if f is None else stats.seen_fraction(f, len(rp[t])))
+    return np.stack(rows), seen
+
+
+def rank_spread(g: GroupSeries, t: int) -> tuple[np.ndarray, int]:
+    """The spread inside a run: the pooled sample standard deviation over each run's ranks at time step t (P,)
+    (NaN when no run has two ranks), and the typical number of ranks per run."""
+    var = [rp[t].var(axis=0, ddof=1) for rp in g.rank_preds if len(rp[t]) >= 2]
+    n = int(round(np.mean([len(rp[t]) for rp in g.rank_preds])))
+    if not var:
+        return np.full(g.truth.shape, np.nan), n
+    return np.sqrt(np.mean(var, axis=0)), n
+
+
+def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION
+                      ) -> tuple[stats.Uncertainty, list[dict[str, Any]]]:
+    """p^ +- sigma with its parts at the group's last checkpoint, and the convergence diagnostic (per parameter)."""
+    t_last = len(g.epochs) - 1
+    values, seen = members_at(g, t_last)
+    known = [f for f in seen if f is not None]
+    f = float(np.mean(known)) if len(known) == len(seen) else None
+    shared = len({data_identity(r) for r in g.runs}) == 1
+    series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
+    moved, _, _ = stats.drift(g.epochs, series, fraction)
+    ranks, n_ranks = rank_spread(g, t_last)
+    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared)
+    names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
+    return u, stats.convergence(names, g.epochs, series, u.spread, fraction)
+
+
+def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,
+                        names: Sequence[str] | None) -> tuple[list[dict[str, Any]], str] | None:
+    """The convergence diagnostic (`stats.convergence`) at the end of `sagips.run`, from what rank 0 has: the
+    logged prediction p^ (metrics.jsonl `params`; the ranks' mean, or rank 0's in rma-arar-arar) and the ranks'
+    final predictions (`rank_params` of the final quality). Returns (per parameter, what sigma is), or None where the
+    environment logs no parameters or fewer than two epochs were logged."""
+    from sagips.io.metrics import read_metrics
+
+    path = Path(out_dir) / "metrics.jsonl"
+    recs = [r for r in read_metrics(path) if isinstance(r.get("params"), list)] if path.is_file() else []
+    if len(recs) < 2 or not final_quality:
+        return None
+    epochs = [int(r["epoch"]) for r in recs]
+    series = np.asarray([r["params"] for r in recs], dtype=np.float64)
+    names = list(names) if names and len(names) == series.shape[1] else [f"p{i}" for i in range(series.shape[1])]
+    ranks = np.asarray(final_quality.get("rank_params") or [final_quality["params"]], dtype=np.float64)
+    f = ((info.get("config") or {}).get("environment") or {}).get("subset_fraction")
+    if str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
+        u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
+                              None if f is None else stats.seen_fraction(f, 1), True)
+        what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
+    else:  # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
+        u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
+                              np.zeros(series.shape[1]), None, True)
+        what = (f"σ: the spread of the {len(ranks)} ranks' generators, training noise only; several members give "
+                f"the full σ (sagips.analyze)")
+    return stats.convergence(names, epochs, series, u.spread), what

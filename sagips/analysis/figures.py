@@ -5,6 +5,7 @@ summary.json (so every number in a figure is in that file). matplotlib with the 
     convergence.png         paper Figs. 15/16: mean sigma_i/|p_i| (top) and mean |r_i| (bottom), x 1000, per group
     rmse_vs_spread.png      paper Fig. 9: RMSE vs spread of sub-ensembles of M runs, 95% contours per M
     analysis_rate.png       paper Fig. 12: eq. 9 against the number of ranks, per mode (several world sizes only)
+    uncertainty.png         p^ +- sigma per parameter and group, beside sigma's parts (members, ranks, drift)
 """
 from __future__ import annotations
 
@@ -180,12 +181,52 @@ def analysis_rate(summary: dict[str, Any], path: str) -> str:
     return _save(fig, path)
 
 
+def uncertainty(summary: dict[str, Any], path: str) -> str:
+    """One panel per parameter: each group's p^ +- sigma (black) and, beside it, +- each part of sigma (members,
+    ranks, drift), against the truth (dashed); a parameter still moving is named in red."""
+    groups, names = summary["groups"], summary["parameters"]
+    ncol = min(3, len(names))
+    nrow = math.ceil(len(names) / ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(0.6 + 3.3 * ncol, 0.9 + 2.6 * nrow), squeeze=False)
+    _margins(fig, left=0.8, right=0.15, bottom=0.9, top=0.55, wspace=0.45, hspace=0.7)
+    parts = (("sigma", "σ", "k", 0.0), ("members", "members", "tab:blue", 0.15), ("ranks", "ranks", "tab:green", 0.25),
+             ("drift", "drift", "tab:red", 0.35))
+    labelled: set[str] = set()
+    for i, name in enumerate(names):
+        ax = axes[i // ncol][i % ncol]
+        moving = False
+        for j, g in enumerate(groups):
+            u = g["uncertainty"]
+            moving |= bool(g["convergence"][i]["moving"])
+            for key, label, colour, dx in parts:
+                err = u[key][i]
+                if err is None:
+                    continue
+                ax.errorbar([j + dx], [u["p_hat"][i]], yerr=[err], fmt="o" if key == "sigma" else "none",
+                            color=colour, capsize=3, markersize=4, linewidth=1.6 if key == "sigma" else 1.0,
+                            label=None if key in labelled else label)
+                labelled.add(key)
+        ax.axhline(groups[0]["truth"][i], color="k", linestyle="--", linewidth=0.7)
+        ax.set_xticks(range(len(groups)), [g["name"] for g in groups], fontsize=7, rotation=20)
+        ax.set_xlim(-0.5, len(groups) - 0.3)
+        ax.set_title(name + (" (still moving)" if moving else ""), fontsize=9, color="tab:red" if moving else "k")
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    for k in range(len(names), nrow * ncol):
+        axes[k // ncol][k % ncol].set_visible(False)
+    fig.legend(fontsize=7, loc="lower center", ncol=4)
+    fig.suptitle(r"$\hat p_i \pm \sigma_i$ at the last checkpoint, and the parts of $\sigma_i$ (truth dashed)",
+                 fontsize=9)
+    return _save(fig, path)
+
+
 def write_all(summary: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write every figure that the summary supports; {name: file name}."""
     made = {
         "residuals_vs_time": residuals_vs_time(summary, os.path.join(out_dir, "residuals_vs_time.png")),
         "convergence": convergence(summary, os.path.join(out_dir, "convergence.png")),
         "rmse_vs_spread": rmse_vs_spread(summary, os.path.join(out_dir, "rmse_vs_spread.png")),
+        "uncertainty": uncertainty(summary, os.path.join(out_dir, "uncertainty.png")),
     }
     if len({r["world_size"] for r in summary["analysis_rate_by_world_size"]}) > 1:
         made["analysis_rate"] = analysis_rate(summary, os.path.join(out_dir, "analysis_rate.png"))

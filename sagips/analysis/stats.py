@@ -142,3 +142,153 @@ def confidence_ellipse(x: np.ndarray, y: np.ndarray, level: float = 0.95) -> dic
     return {"x": float(x.mean()), "y": float(y.mean()), "width": float(2 * math.sqrt(k2 * vals[1])),
             "height": float(2 * math.sqrt(k2 * vals[0])),
             "angle_deg": float(math.degrees(math.atan2(major[1], major[0]))), "level": float(level)}
+
+
+# ------------------------------------------------------------------------------------------------ quotable sigma
+#: the last fraction of the checkpoints' epochs over which the drift (a parameter still moving) is measured
+DRIFT_FRACTION = 0.2
+#: a parameter that moved more than this many sigma over the last DRIFT_FRACTION of the epochs is "still moving"
+DRIFT_THRESHOLD = 1.0
+#: what the diagnostic tells a user whose parameter still moves (an environment may name its own knobs)
+DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
+
+
+def member_scatter(values: np.ndarray) -> np.ndarray:
+    """s_i: the sample standard deviation (ddof=1) over M members of their predictions, `values` (M, P) -> (P,);
+    NaN where M < 2 (one member has no spread)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.shape[0] < 2:
+        return np.full(v.shape[1:], np.nan)
+    return v.std(axis=0, ddof=1)
+
+
+def seen_fraction(subset_fraction: float, coupled_ranks: int) -> float:
+    """The fraction of the reference data one member learns from: each of its `coupled_ranks` ranks keeps a random
+    `subset_fraction`, and ranks that exchange gradients learn from the union, 1 - (1 - f)^R."""
+    f = float(subset_fraction)
+    return 1.0 - (1.0 - f) ** max(1, int(coupled_ranks))
+
+
+def members_factor(seen: float | None, n_members: int, shared_data: bool) -> float:
+    """sigma(p^) = s * factor: from the scatter s of M members to the error of their mean p^ against the truth.
+
+    - Members that share ONE reference data set, each learning from a random fraction `seen` of it (half-sampling):
+      a member's estimate is theta_data + delta_m, where theta_data is what the whole data set gives (its statistical
+      error sigma_stat against the truth) and Var(delta_m) = sigma_stat^2 (1/seen - 1) + sigma_train^2. Then
+      s^2 estimates sigma_stat^2 (1/seen - 1) + sigma_train^2, and the error of the mean of M members is
+      sigma_stat^2 (1 + (1/seen - 1)/M) + sigma_train^2/M <= s^2 (seen/(1 - seen) + 1/M): factor^2 = seen/(1-seen)
+      + 1/M (exact for the statistical part, conservative for the training part). seen = 0.5: factor^2 = 1 + 1/M.
+    - Members with independent data sets (separate runs, each generating its own from its seed): the mean of M
+      independent estimates, factor = 1/sqrt(M).
+    - seen = 1 (every member learns from all the data) or unknown: the scatter holds no statistical error; factor =
+      1/sqrt(M), the training noise of the mean alone (the caller says so).
+    """
+    m = max(1, int(n_members))
+    if not shared_data or seen is None or seen >= 1.0:
+        return 1.0 / math.sqrt(m)
+    return math.sqrt(seen / (1.0 - seen) + 1.0 / m)
+
+
+def drift_window(epochs: Sequence[int], fraction: float = DRIFT_FRACTION) -> np.ndarray:
+    """Indices of the checkpoints in the last `fraction` of the epochs (epoch >= (1 - fraction) * last epoch),
+    at least the last two."""
+    e = np.asarray(epochs, dtype=np.float64)
+    idx = np.nonzero(e >= (1.0 - fraction) * e[-1])[0]
+    if len(idx) < 2:
+        idx = np.arange(max(0, len(e) - 2), len(e))
+    return idx
+
+
+def drift(epochs: Sequence[int], series: np.ndarray, fraction: float = DRIFT_FRACTION) -> tuple[np.ndarray, int, int]:
+    """How far each parameter moved over the last `fraction` of the epochs: the least-squares slope of `series`
+    (T, P) against the epoch over `drift_window`, times the window's span; (moved (P,), first epoch, last epoch).
+    Fewer than two checkpoints: zero movement over an empty window."""
+    s = np.asarray(series, dtype=np.float64)
+    e = np.asarray(epochs, dtype=np.float64)
+    if len(e) < 2:
+        return np.zeros(s.shape[1:]), int(e[-1]) if len(e) else 0, int(e[-1]) if len(e) else 0
+    idx = drift_window(e, fraction)
+    x, y = e[idx], s[idx]
+    xc = x - x.mean()
+    slope = (xc[:, None] * (y - y.mean(axis=0))).sum(axis=0) / (xc ** 2).sum()
+    return slope * (x[-1] - x[0]), int(x[0]), int(x[-1])
+
+
+@dataclass
+class Uncertainty:
+    """p^_i +- sigma_i of one ensemble, with its parts (all (P,), physical units). See docs/analysis.md."""
+
+    p_hat: np.ndarray     #: the mean over the members at the last checkpoint
+    sigma: np.ndarray     #: sqrt(spread^2 + drift^2): the one to quote
+    spread: np.ndarray    #: the spread part of sigma: `members`, or without members ranks/sqrt(R), or 0
+    members: np.ndarray   #: s * members_factor: the members' scatter turned into the error of p^ (NaN: M < 2)
+    scatter: np.ndarray   #: s: the sample standard deviation of single members (NaN: M < 2)
+    ranks: np.ndarray     #: pooled standard deviation of the ranks inside a run (NaN: no run has 2 ranks)
+    drift: np.ndarray     #: |movement of p^| over the last DRIFT_FRACTION of the epochs
+    n_members: int
+    factor: float         #: members = scatter * factor
+    spread_from: str      #: "members", "ranks" (a lower bound: no independent members) or "none"
+    notes: list[str]      #: what sigma does not contain, in words
+
+
+def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
+                seen: float | None, shared_data: bool) -> Uncertainty:
+    """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
+    of `n_ranks` ranks, and the drift `moved` (P,) of p^ (see `drift`)."""
+    v = np.asarray(member_values, dtype=np.float64)
+    m = v.shape[0]
+    p_hat = v.mean(axis=0)
+    scatter = member_scatter(v)
+    factor = members_factor(seen, m, shared_data)
+    members = scatter * factor
+    ranks = np.asarray(rank_sigma, dtype=np.float64)
+    dr = np.abs(np.asarray(moved, dtype=np.float64))
+    notes = []
+    if m >= 2:
+        spread, source = members, "members"
+        if shared_data and (seen is None or seen >= 1.0):
+            notes.append("the members all learn from the whole data set: sigma holds their training noise but no "
+                         "statistical error of the data")
+    elif np.all(np.isfinite(ranks)):
+        spread, source = ranks / math.sqrt(max(1, n_ranks)), "ranks"
+        notes.append("one member: sigma holds the spread of its ranks (training noise) but no statistical error, a "
+                     "lower bound; train several members (--ensemble-size, or runs with different --seed)")
+    else:
+        spread, source = np.zeros_like(p_hat), "none"
+        notes.append("one generator: no spread, sigma is the drift alone; train several members")
+    sigma = np.sqrt(spread ** 2 + dr ** 2)
+    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, m, factor, source, notes)
+
+
+def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
+                fraction: float = DRIFT_FRACTION, threshold: float = DRIFT_THRESHOLD,
+                advice: str = DRIFT_ADVICE) -> list[dict[str, Any]]:
+    """Per parameter: did it still move over the last `fraction` of the epochs, against `sigma` (P,), the spread
+    between members (the spread part of the quotable sigma)? `series` (T, P) is the ensemble's p^ at `epochs`.
+
+    One dict per parameter: name, moved (physical units), sigma, z = |moved|/sigma (None without a spread),
+    moving (bool, or None when it cannot be judged), window [first, last epoch], message (one line, what to do).
+    The single diagnostic of both the end of `sagips.run` and `sagips.analyze`."""
+    s = np.asarray(series, dtype=np.float64)
+    moved, e0, e1 = drift(epochs, s, fraction)
+    pct = f"{100 * fraction:.0f} %"
+    out = []
+    for i, name in enumerate(names):
+        mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
+        last = float(s[-1, i])
+        if len(s) < 2:
+            z, moving = None, None
+            msg = f"{name}: too few checkpoints to judge whether it still moves (keep train.checkpoint_every small)"
+        elif not (math.isfinite(sg) and sg > 0):
+            z, moving = None, None
+            rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
+            msg = (f"{name} moved {mv:+.3g}{rel} over the last {pct} of epochs ({e0}-{e1}); no spread between members "
+                   f"to judge it against: train several members and run sagips.analyze")
+        else:
+            z = abs(mv) / sg
+            moving = z > threshold
+            msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}): {advice}" if moving else
+                   f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1})")
+        out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
+                    "message": msg})
+    return out

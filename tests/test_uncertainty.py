@@ -1,0 +1,142 @@
+"""Issue 36: p^ +- sigma with its parts (sagips.analyze) against a hand computation, and the convergence diagnostic
+(one function, stats.convergence, used by sagips.analyze and at the end of sagips.run) on synthetic runs: run
+directories whose generators predict exactly known values (the output layer's weights zeroed, its bias set), so no
+training is needed."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sagips.analysis import stats
+from sagips.analysis.ensemble import run_end_convergence
+from sagips.analyze import main
+from sagips.config import from_dict
+from sagips.environment import get_environment
+from sagips.io.checkpoint import save_checkpoint
+
+ENV = {"hidden": 8, "layers": 1, "subset_fraction": 0.5}
+EPOCHS = [1, 200, 400, 600, 800, 900, 1000]
+
+
+def proxy1d():
+    cls = get_environment("proxy1d")
+    cfg = from_dict(cls.Config, dict(ENV), "environment.")
+    cfg.name = "proxy1d"
+    return cls(cfg, "cpu", 0), cfg
+
+
+def fixed_generator(env, p):
+    """A generator whose physical prediction is p (6,) for every noise vector."""
+    G = env.build_generator()
+    u = (torch.tensor(p, dtype=torch.float64) - env.pmin.double()) / (env.pmax - env.pmin).double()
+    with torch.no_grad():
+        G[-2].weight.zero_()
+        G[-2].bias.copy_(torch.logit(u).float())
+    return G
+
+
+def write_run(path, mode, preds, seed=1, member=0):
+    """preds: {epoch: (R, 6)} -> a sagips.run output directory with R ranks."""
+    env, cfg = proxy1d()
+    ranks = len(next(iter(preds.values())))
+    info = {"environment": "proxy1d", "mode": mode, "world_size": ranks, "member": member,
+            "truth": list(cfg.true_params), "config": {"seed": seed, "environment": {"name": "proxy1d", **ENV}}}
+    path.mkdir(parents=True)
+    (path / "run.json").write_text(json.dumps(info))
+    for epoch, rows in preds.items():
+        for rank, p in enumerate(rows):
+            save_checkpoint(path, rank, epoch, float(epoch), fixed_generator(env, p), "proxy1d")
+    return cfg
+
+
+def series(truth, offsets, slope=None):
+    """{epoch: (R, 6)}: truth + offsets (R, 6) at every epoch, plus slope (6,) * epoch."""
+    slope = np.zeros(6) if slope is None else np.asarray(slope)
+    return {e: np.asarray(truth) + np.asarray(offsets) + slope * e for e in EPOCHS}
+
+
+@pytest.fixture(scope="module")
+def truth():
+    return np.asarray(proxy1d()[1].true_params)
+
+
+def test_sigma_against_a_hand_computation(tmp_path, truth):
+    rng = np.random.default_rng(5)
+    offsets = rng.normal(0, 0.01, size=(4, 6)) * np.abs(truth)
+    slope = np.zeros(6)
+    slope[2] = 1e-5  # parameter 2 still moves: 1e-5 per epoch
+    # four independent members of one job (one rank each, --mode ensemble, the same seed: one data set)
+    for m in range(4):
+        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1], slope), member=m)
+    rc = main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "8", "--resamples", "5"])
+    assert rc == 0
+    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    last = truth + offsets + slope * 1000
+    s = np.array([math.sqrt(sum((last[m, i] - last[:, i].mean()) ** 2 for m in range(4)) / 3) for i in range(6)])
+    factor = math.sqrt(0.5 / (1 - 0.5) + 1 / 4)  # half-sampling: seen/(1-seen) + 1/M
+    drift = np.zeros(6)
+    drift[2] = 1e-5 * (1000 - 800)  # the window: epochs 800, 900, 1000 (the last 20 %)
+    assert u["n_members"] == 4 and u["spread_from"] == "members" and u["factor"] == pytest.approx(factor)
+    np.testing.assert_allclose(u["p_hat"], last.mean(0), rtol=0, atol=2e-6)  # float32 generators
+    np.testing.assert_allclose(u["scatter"], s, rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(u["members"], s * factor, rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(u["drift"], drift, rtol=1e-3, atol=2e-6)
+    np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + drift ** 2), rtol=1e-3, atol=2e-6)
+    assert u["ranks"] == [None] * 6  # one rank per run: no spread inside a run
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "## Parameters: p̂ ± σ (what to quote)" in md and (tmp_path / "rep" / "uncertainty.png").stat().st_size
+
+
+def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
+    offsets = np.array([[0.01] * 6, [-0.01] * 6]) * np.abs(truth)
+    write_run(tmp_path / "arar", "arar", series(truth, offsets))
+    assert main([str(tmp_path / "arar"), "--out", str(tmp_path / "rep"), "--noise-samples", "4",
+                 "--resamples", "2"]) == 0
+    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    ranks = np.abs(offsets[0] - offsets[1]) / math.sqrt(2)  # the sample std of two values
+    assert u["n_members"] == 1 and u["spread_from"] == "ranks" and "lower bound" in u["notes"][0]
+    np.testing.assert_allclose(u["ranks"], ranks, rtol=1e-3)
+    np.testing.assert_allclose(u["sigma"], ranks / math.sqrt(2), rtol=1e-3, atol=1e-6)
+
+
+def test_factor_for_independent_data_sets_and_whole_data():
+    assert stats.members_factor(0.5, 4, shared_data=False) == pytest.approx(0.5)
+    assert stats.members_factor(1.0, 9, shared_data=True) == pytest.approx(1 / 3)
+    assert stats.seen_fraction(0.5, 2) == pytest.approx(0.75)
+
+
+def test_diagnostic_flags_a_run_stopped_early_and_passes_a_converged_one():
+    epochs = np.arange(50, 2001, 50)
+    names = ["mu", "res"]
+    sigma = np.array([0.01, 0.02])
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.002, size=(len(epochs), 2))
+    # approaching its value as exp(-epoch/800): stopped at 2000, the weak parameter moves 0.053 over the last 20 %
+    early = np.stack([np.full(len(epochs), 1.0), 0.3 - np.exp(-epochs / 800)], 1) + noise
+    conv = stats.convergence(names, epochs, early, sigma)
+    assert [c["moving"] for c in conv] == [False, True]
+    assert conv[1]["message"].startswith("res moved ") and conv[1]["message"].endswith(
+        "σ over the last 20 % of epochs (1600-2000): train longer, or raise environment.events_per_sample")
+    assert conv[1]["z"] > 2
+    converged = np.stack([np.full(len(epochs), 1.0), 0.3 - np.exp(-epochs / 100)], 1) + noise
+    assert [c["moving"] for c in stats.convergence(names, epochs, converged, sigma)] == [False, False]
+    # no spread: the movement is reported, not judged
+    alone = stats.convergence(names, epochs, early, np.array([np.nan, 0.0]))
+    assert [c["moving"] for c in alone] == [None, None] and "no spread between members" in alone[1]["message"]
+
+
+def test_run_end_diagnostic_reads_the_metrics(tmp_path):
+    epochs = list(range(100, 1001, 100))
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for e in epochs:
+            fh.write(json.dumps({"epoch": e, "params": [1.0, 0.3 + 1e-4 * e]}) + "\n")
+    final = {"params": [1.0, 0.4], "rank_params": [[0.99, 0.39], [1.01, 0.41], [1.0, 0.4], [1.0, 0.4]]}
+    info = {"mode": "ensemble", "config": {"environment": {"subset_fraction": 0.5}}}
+    conv, what = run_end_convergence(tmp_path, info, final, ["mu", "res"])
+    assert "4 independent ranks" in what
+    assert conv[1]["moving"] and conv[1]["moved"] == pytest.approx(0.02)  # epochs 800-1000
+    assert not conv[0]["moving"]
+    single = run_end_convergence(tmp_path, {"mode": "arar"}, {"params": [1.0, 0.4]}, ["mu", "res"])
+    assert single[0][1]["moving"] is None
