@@ -16,7 +16,10 @@ The user writes the physics, one of two forms:
 - `density(self, p, x)`: an unnormalised density of one observable on a grid of `support`; events are drawn from it
   by the differentiable inverse-CDF sampler of `sagips.sampling` (events of width 1);
 - `simulate(self, p, u)`: parameters p (B, P) and uniforms u (B, E, n_uniforms) in [0, 1) -> events (B, E,
-  event_width), differentiable w.r.t. p (set `event_width` and, if different, `n_uniforms`).
+  event_width), differentiable w.r.t. p. `event_width` (columns of one event, default 1) and `n_uniforms` (uniforms
+  per event, default event_width) are class attributes, set beside `parameters`. A `support` set on the class clips
+  the simulated events (every column) to [low, high], in training and in the reference data alike.
+Reference data and training call the physics in the same dtype, float32.
 
 The class supplies the rest of the `sagips.Environment` protocol: its `Config` (truth, bounds, data file, batch sizes,
 networks; errors name the parameter), a generator mlp(noise -> P, Sigmoid) mapped onto the bounds and a
@@ -58,7 +61,6 @@ class ParametricConfig:
     subset_fraction: float = opt(0.5, "fraction of the reference events each rank keeps", gt=0.0, max=1.0)
     param_samples: int = opt(64, "parameter sets predicted per epoch", min=1)
     events_per_sample: int = opt(100, "events simulated per parameter set", min=1)
-    grid_points: int = opt(1000, "grid points on the support for the density's inverse-CDF sampler", min=3)
     noise_dim: int = opt(0, "generator noise dimension (0 = the number of parameters)", min=0)
     noise_scale: float = opt(0.01, "standard deviation of the generator's Gaussian noise; small values make the "
                              "generator nearly one point, so that its mean prediction is not the mean of a broad "
@@ -117,14 +119,23 @@ class ParametricConfig:
         self.bounds, self.true_params = bounds, truth
 
 
+@dataclass
+class DensityConfig(ParametricConfig):
+    """`environment:` section of a ParametricEnvironment with a density (a simulator has no grid)."""
+
+    grid_points: int = opt(1000, "grid points on the support for the density's inverse-CDF sampler", min=3)
+
+
 class ParametricEnvironment(Environment):
     """Base class for environments whose unknowns are a few named, bounded parameters (see the module docstring)."""
 
     parameters: ClassVar[dict[str, tuple[float, float]]]  #: name -> (low, high), in the generator's output order
     true_params: ClassVar[dict[str, float]]  #: name -> the default truth of generated reference data
-    support: ClassVar[tuple[float, float]] = (0.0, 1.0)  #: the events' range (density form: the sampler's grid)
-    event_width: ClassVar[int] = 1  #: columns of one event (simulate form; the density form has 1)
+    #: the events' range: the density's grid; a simulator's events are clipped to it where the class sets it
+    support: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    event_width: ClassVar[int] = 1  #: columns of one event (simulate form, a class attribute; the density form has 1)
     n_uniforms: ClassVar[int | None] = None  #: uniforms per event passed to simulate (None = event_width)
+    clips_events: ClassVar[bool] = False  #: a simulator whose class sets `support` (set by __init_subclass__)
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
     keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
     pipeline_method: ClassVar[str] = "density"  #: the user's method, named by the first-epoch checks
@@ -159,6 +170,9 @@ class ParametricEnvironment(Environment):
         cls.pipeline_method = "density" if has_density else "simulate"
         if has_density:
             cls.event_width = 1
+        cls.clips_events = has_simulate and any("support" in c.__dict__ for c in cls.__mro__[:-1]
+                                                if issubclass(c, ParametricEnvironment) and
+                                                c is not ParametricEnvironment)
         cls.datasets = {"events": cls.event_width}
         if "Config" not in cls.__dict__:
             cls.Config = dataclasses.make_dataclass(
@@ -168,7 +182,7 @@ class ParametricEnvironment(Environment):
                                           .metadata["help"])),
                  ("bounds", Any, opt({k: list(v) for k, v in params.items()},
                                      ParametricConfig.__dataclass_fields__["bounds"].metadata["help"]))],
-                bases=(ParametricConfig,), namespace={"env_parameters": dict(params), "env_truth": dict(truth),
+                bases=(DensityConfig if has_density else ParametricConfig,), namespace={"env_parameters": dict(params), "env_truth": dict(truth),
                                                      "__module__": cls.__module__})
 
     # -- the user's physics (one of the two) --------------------------------------------------------------------
@@ -188,7 +202,7 @@ class ParametricEnvironment(Environment):
         self.n_critic = cfg.d_steps
         self.pmin = torch.tensor([cfg.bounds[n][0] for n in self.names], device=dev)
         self.pmax = torch.tensor([cfg.bounds[n][1] for n in self.names], device=dev)
-        self.x = make_grid(cfg.grid_points, *self.support, device=dev)
+        self.x = make_grid(cfg.grid_points, *self.support, device=dev) if self.pipeline_method == "density" else None
         self.data: torch.Tensor | None = None
         self._n_fake = cfg.param_samples * cfg.events_per_sample
         self._ones = torch.ones(self._n_fake, 1, device=dev)
@@ -208,12 +222,25 @@ class ParametricEnvironment(Environment):
         ev = self.simulate(p, u)
         if torch.is_tensor(ev) and ev.ndim == 2 and self.event_width == 1 and tuple(ev.shape) == (B, E):
             ev = ev[..., None]
-        if not torch.is_tensor(ev) or tuple(ev.shape) != (B, E, self.event_width):
-            shape = tuple(ev.shape) if torch.is_tensor(ev) else type(ev).__name__
-            raise EnvironmentCheckError(f"simulate: returned {shape} for p {tuple(p.shape)} and u {tuple(u.shape)}; "
-                                        f"expected (B, E, event_width) = {(B, E, self.event_width)} (set event_width "
-                                        f"to the columns of one event)")
+        want = (B, E, self.event_width)
+        if not torch.is_tensor(ev) or tuple(ev.shape) != want:
+            raise EnvironmentCheckError(f"simulate: expected events of shape (B, E, event_width) = {want} for p "
+                                        f"{tuple(p.shape)} and u {tuple(u.shape)}, got {self._shape_hint(ev, want)}")
+        if self.clips_events:  # a detector's range: events outside it land on its edges (no gradient there)
+            ev = ev.clamp(*self.support)
         return ev
+
+    def _shape_hint(self, ev: Any, want: tuple[int, int, int]) -> str:
+        """The shape simulate returned, and what would fix it."""
+        if not torch.is_tensor(ev):
+            return f"a {type(ev).__name__} (return a torch tensor)"
+        got = tuple(ev.shape)
+        if ev.numel() == math.prod(want):
+            return f"{got}: the right number of values, reshape them with .reshape({', '.join(map(str, want))})"
+        if ev.ndim == 3 and got[:2] == want[:2]:
+            return (f"{got}: {got[2]} columns per event, but event_width = {self.event_width} (set the class "
+                    f"attribute event_width = {got[2]})")
+        return f"{got}"
 
     def _check_density(self, f: Any, p: torch.Tensor, x: torch.Tensor) -> None:
         """Once per process: the density's shape and sign (a negative or zero density makes no CDF)."""
@@ -238,17 +265,18 @@ class ParametricEnvironment(Environment):
     @classmethod
     def generate_reference(cls, cfg: Any, seed: int, n_events: int | None = None
                            ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """reference_events (or n_events) events at cfg.true_params, simulated in float64 on the CPU."""
+        """reference_events (or n_events) events at cfg.true_params, simulated on the CPU in float32, the dtype of
+        training (a simulator's rounding then does not differ between the data and the synthetic events)."""
         n = n_events or cfg.reference_events
         env = cls(cfg, "cpu", seed)
-        p = torch.tensor([[cfg.true_params[k] for k in env.names]], dtype=torch.float64)
+        p = torch.tensor([[cfg.true_params[k] for k in env.names]], dtype=torch.float32)
         gen = torch.Generator().manual_seed(seed)
         out = np.empty((n, cls.event_width), dtype=np.float32)
         chunk = 1 << 20
         with torch.no_grad():
             for start in range(0, n, chunk):  # chunks bound the sampler's memory on huge N
                 m = min(chunk, n - start)
-                u = torch.rand((1, m, cls.n_uniforms or cls.event_width), generator=gen, dtype=torch.float64)
+                u = torch.rand((1, m, cls.n_uniforms or cls.event_width), generator=gen, dtype=torch.float32)
                 out[start:start + m] = env._events(p, u)[0].numpy()
         attrs = {"true_params": np.asarray([cfg.true_params[k] for k in env.names], dtype=np.float64),
                  "parameter_names": ",".join(env.names)}
@@ -361,6 +389,7 @@ class ParametricEnvironment(Environment):
         """Residuals of the prediction averaged over the ranks' generators (eq. 7 over ranks)."""
         out = self._residuals(np.mean([q["params"] for q in per_rank], axis=0).tolist())
         out["rank_max_abs_residual"] = [q["max_abs_residual"] for q in per_rank]
+        out["rank_params"] = [q["params"] for q in per_rank]  # the spread of the ranks (the convergence diagnostic)
         return out
 
     def progress_fields(self, q: dict[str, Any]) -> dict[str, str]:

@@ -502,7 +502,8 @@ class Trainer:
         rec = {"epoch": epoch, "time_s": round(self.state.time_s, 6),
                **{k: (float(v.detach()) if torch.is_tensor(v) else v) for k, v in out.items()},
                **{k: v for k, v in self.state.stats.items()},
-               "quality_ranks": len(all_q), **run_q}
+               "quality_ranks": len(all_q), "quality_of": "all ranks" if len(all_q) == self.world_size else "rank 0",
+               **run_q}
         self.metrics.write(rec)
         if bar is not None:
             bar.set_postfix(self.env.progress_fields(run_q), refresh=False)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_SRC = ROOT / "examples" / "toy1d"
+SMEAR_SRC = ROOT / "examples" / "smear1d"
 
 
 def write_dist(site: Path, dist: str, entries: dict[str, str]) -> Path:
@@ -28,6 +29,12 @@ def toy_site(site: Path) -> list[str]:
     """Register the example package examples/toy1d (entry point toy1d); returns the paths to put on sys.path."""
     write_dist(site, "sagips-toy1d", {"toy1d": "sagips_toy1d:Toy1D"})
     return [str(site), str(TOY_SRC)]
+
+
+def smear_site(site: Path) -> list[str]:
+    """Register the simulator example examples/smear1d (entry point smear1d) the same way."""
+    write_dist(site, "sagips-smear1d", {"smear1d": "sagips_smear1d:Smear1D"})
+    return [str(site), str(SMEAR_SRC)]
 
 
 def pythonpath(paths: list[str]) -> dict:

@@ -1,0 +1,127 @@
+"""Issue 36, item 5: the simulator example examples/smear1d (registered through a real entry point, as toy1d is) and
+the gaps a new user met: clipping to `support`, no grid_points for a simulator, one dtype for reference data and
+training, and one-line shape errors that name the expected and the got shape."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sagips import ParametricEnvironment
+from sagips.config import ConfigError, from_dict
+from sagips.environment import EnvironmentCheckError
+from tests._mpirun import run_py
+from tests._plugins import add_to_sys_path, pythonpath, smear_site, toy_site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    site = tmp_path_factory.mktemp("site")
+    return smear_site(site) + toy_site(site)[1:]
+
+
+@pytest.fixture()
+def smear(site, monkeypatch):
+    add_to_sys_path(site, monkeypatch)
+    from sagips.environment import get_environment
+
+    return get_environment("smear1d")
+
+
+def build(cls, **env):
+    cfg = from_dict(cls.Config, dict(env), "environment.")
+    cfg.name = cls.name
+    return cls(cfg, "cpu", 0), cfg
+
+
+def test_reference_data_are_float32_clipped_and_follow_the_simulator(smear):
+    arrays, attrs = smear.generate_reference(build(smear)[1], seed=3, n_events=200_000)
+    x = arrays["events"][:, 0]
+    assert arrays["events"].dtype == np.float32 and list(attrs["true_params"]) == [1.0, 0.2]
+    assert x.min() >= -2.0 and x.max() <= 12.0
+    # the exponentially modified Gaussian: mean tau, variance tau^2 + resolution^2 (clipping removes ~1e-6 of it)
+    assert abs(x.mean() - 1.0) < 0.01 and abs(x.var() - 1.04) < 0.02
+    # the training path (float32 parameters and uniforms) gives the same values from the same uniforms
+    env, _ = build(smear)
+    u = torch.rand((1, 200_000, 2), generator=torch.Generator().manual_seed(3))
+    assert np.array_equal(env._events(torch.tensor([[1.0, 0.2]]), u)[0].numpy(), arrays["events"])
+
+
+def test_support_clips_a_simulator_only_where_the_class_sets_it(smear):
+    class Wide(ParametricEnvironment):
+        name = "wide_sim"
+        parameters = {"m": (-5.0, 5.0)}
+        true_params = {"m": 1.0}
+
+        def simulate(self, p, u):
+            return p[:, None, :1] + 100 * (u[..., :1] - 0.5)
+
+    assert smear.clips_events and not Wide.clips_events
+    env, _ = build(Wide)
+    ev = env._events(torch.tensor([[1.0]]), torch.tensor([[[0.0], [0.999]]]))
+    assert ev.min() < -40 and ev.max() > 40  # the default support (0, 1) is the density's grid, not a clip
+    senv, _ = build(smear)
+    ev = senv._events(torch.tensor([[2.0, 0.5]]), torch.tensor([[[1 - 1e-7, 0.5], [0.0, 0.0]]]))
+    assert ev.min() == -2.0 and ev.max() == 12.0
+
+
+def test_no_grid_points_for_a_simulator(smear, site, monkeypatch, capsys):
+    from sagips.run import print_config_help
+
+    assert "grid_points" not in smear.Config.__dataclass_fields__
+    with pytest.raises(ConfigError, match=r"grid_points") as e:
+        from_dict(smear.Config, {"grid_points": 100}, "environment.")
+    assert "\n" not in str(e.value)
+    print_config_help()
+    out = capsys.readouterr().out
+    smear_keys = out.split("environment.name=smear1d")[1].split("\nenvironment.* for")[0]
+    toy_keys = out.split("environment.name=toy1d")[1].split("\nenvironment.* for")[0]
+    assert "environment.grid_points" not in smear_keys and "environment.grid_points" in toy_keys
+
+
+class Flat(ParametricEnvironment):
+    """Returns (B*E,): the user's case in the issue."""
+    name = "flat_sim"
+    parameters = {"m": (0.5, 2.0)}
+    true_params = {"m": 1.0}
+    n_uniforms = 2
+
+    def simulate(self, p, u):
+        return (p[:, None, :1] * u[..., :1]).reshape(-1)
+
+
+class Wide2(Flat):
+    def simulate(self, p, u):
+        return p[:, None, :1] * u  # (B, E, 2) with event_width 1
+
+
+class Listy(Flat):
+    def simulate(self, p, u):
+        return [0.0]
+
+
+@pytest.mark.parametrize("cls, tail", [
+    (Flat, r"got \(6,\): the right number of values, reshape them with \.reshape\(2, 3, 1\)$"),
+    (Wide2, r"got \(2, 3, 2\): 2 columns per event, but event_width = 1 \(set the class attribute event_width = 2\)$"),
+    (Listy, r"got a list \(return a torch tensor\)$"),
+])
+def test_shape_errors_name_the_expected_and_the_got_shape(cls, tail):
+    env, _ = build(cls)
+    with pytest.raises(EnvironmentCheckError, match=r"^simulate: expected events of shape \(B, E, event_width\) = "
+                                                   r"\(2, 3, 1\) for p \(2, 1\) and u \(2, 3, 2\), " + tail) as e:
+        env._events(torch.ones(2, 1), torch.rand(2, 3, 2))
+    assert "\n" not in str(e.value)
+
+
+def test_smear1d_trains_and_says_whose_quality_it_logs(site, tmp_path):
+    out = tmp_path / "run"
+    r = run_py(["-m", "sagips.run", "--config", "smear1d:quick", "--mode", "ensemble", "--no-progress",
+                "--epochs", "4", "--output-dir", str(out), "--set", "environment.reference_events=20000",
+                "--set", "environment.param_samples=8", "--set", "environment.events_per_sample=20",
+                "--set", "environment.hidden=16", "--set", "environment.layers=2", "--set", "train.log_every=1",
+                "--set", "train.quality_samples=16"], env=pythonpath(site), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(rec["quality_of"] == "all ranks" and rec["parameter_names"] == ["tau", "resolution"] for rec in recs)
+    assert "the table is the mean of all 1 rank(s)' generators" in r.stdout
+    assert "sagips: convergence (" in r.stdout and "resolution" in r.stdout
