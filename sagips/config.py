@@ -58,7 +58,9 @@ class TrainConfig:
     checkpoint_every: int = opt(5000, "epochs between generator checkpoints (also at epoch 1 and at the end)", min=1)
     state_every: int = opt(1000, "epochs between full training states (for --resume); also written on SIGTERM",
                            min=1)
-    max_bad_steps: int = opt(10, "stop after this many generator steps in a row with NaN/Inf gradients", min=1)
+    max_bad_steps: int = opt(10, "stop after this many generator steps in a row with NaN/Inf gradients (counted on "
+                             "the device, read every max_bad_steps epochs: the run stops within that many epochs of "
+                             "the last of them)", min=1)
     quality_samples: int = opt(1024, "noise vectors used for the logged mean prediction", min=1)
     device: str = opt("auto", "'auto' (cuda:(local_rank % device_count) if CUDA is present, else cpu), 'cpu' or 'cuda'",
                       choices=("auto", "cpu", "cuda"))
@@ -83,6 +85,11 @@ class TrainConfig:
                           "back while its activations are in cache (the same loss and gradients up to float "
                           "rounding; sagips/chunked.py); 0 = the whole batch at once; -1 = auto (0 on CUDA, on CPU "
                           "the rows whose critic activations fill 8 MiB per thread)", min=-1)
+    cuda_graph: str = opt("auto", "record the epoch's device work as CUDA graphs and replay them (sagips/graph.py): "
+                          "'auto' (on CUDA where nothing stands in the way, else eager, saying why), 'on' (an error "
+                          "where it cannot), 'off'; run.json records what was used", choices=("auto", "on", "off"))
+    cuda_graph_warmup: int = opt(3, "eager epochs before the step is recorded (optimizer state and allocator settle)",
+                                 min=1)
     profile: bool = opt(False, "named profiler ranges (sagips/epoch, critic, generator, data, exchange, log): NVTX on "
                         "CUDA (for nsys) and torch.profiler.record_function everywhere; off = no cost")
 

@@ -737,7 +737,9 @@ def _finish(r: _Run) -> None:
     stats = comm.gather(state.stats, root=0)
     if r.is_root:
         r.run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
-                          wall_seconds=walls, exchange_stats=stats, final_quality=final_q)
+                          wall_seconds=walls, exchange_stats=stats, final_quality=final_q,
+                          # train.cuda_graph on rank 0: used or not, and why (sagips/graph.py)
+                          cuda_graph=trainer.graphs.record() if trainer.graphs is not None else None)
         from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
 
         conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names())

@@ -3,6 +3,13 @@
 Each rank owns a generator replica and its *own* discriminator. Only the generator's gradients cross ranks: after
 the generator backward, the trainer hands its flat gradient buffer to one exchange hook (`sagips.comm.modes`),
 then steps the generator's optimizer with whatever came back.
+
+One epoch is one step definition (`Trainer.plan`): device segments separated by host points (the exchange, the
+straggler sleep, the fault drill). Inside a segment nothing reads a device value on the host: the NaN guard decides on
+the device (sagips/guard.py), optimizers skip a bad step on the device (fused Adam's `found_inf`), the learning-rate
+schedule is a device tensor, and the guard's counts are read only at check epochs (log, state, every
+`max_bad_steps` epochs) or with the exchange's own device-to-host copy. So the same segments run eagerly or are
+recorded once as CUDA graphs and replayed (train.cuda_graph, sagips/graph.py).
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ from sagips.config import Config
 from sagips.environment import Environment
 from sagips.io.checkpoint import save_checkpoint
 from sagips.io.metrics import MetricsWriter
+from sagips.guard import BadSteps
 from sagips.io.state import RankStates
 from sagips.profiling import CRITIC, DATA, EPOCH, EXCHANGE, GENERATOR, LOG, Ranges
 
@@ -78,6 +86,18 @@ def make_adam(params, lr: float, betas: tuple[float, float], fused: bool) -> tor
     return torch.optim.Adam(params, lr=lr, betas=betas)
 
 
+def _is_fused(opt: torch.optim.Optimizer) -> bool:
+    return bool(opt.defaults.get("fused"))
+
+
+def _chain(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    """One device segment that runs `first`, then `then`."""
+    def both() -> None:
+        first()
+        then()
+    return both
+
+
 def rank_seeds(seed: int, member: int, rank: int) -> tuple[int, int]:
     """Independent (torch, numpy) seeds for one rank of one ensemble member."""
     s = np.random.SeedSequence([seed, member, rank]).generate_state(2, dtype=np.uint32)
@@ -129,6 +149,14 @@ class Trainer:
         self.D = env.build_discriminator()
         self.opt_g = make_adam(self.G.parameters(), t.lr_g, (t.beta1, t.beta2), t.fused_adam)
         self.opt_d = make_adam(self.D.parameters(), t.lr_d, (t.beta1, t.beta2), t.fused_adam)
+        dev = env.device
+        #: the epoch the step is in, on the device (the schedule's clock: a graph replay advances it too)
+        self.epoch_t = torch.zeros((), dtype=torch.float64, device=dev)
+        #: the learning rates as device tensors, read by the fused Adam kernels (None: a float set from the host)
+        self.lr_t = {o: torch.full((), lr, dtype=torch.float32, device=dev) if _is_fused(o) else None
+                     for o, lr in ((self.opt_g, t.lr_g), (self.opt_d, t.lr_d))}
+        self._bind_lr()
+        self.guard = BadSteps(dev)  #: the NaN guard's counts, on the device
         self.amp_dtype, self.precision = self._resolve_precision(share)
         self.resolve_chunk_rows()
         # fp16 needs loss scaling; bf16 has float32's exponent range and does not
@@ -137,8 +165,9 @@ class Trainer:
         self.scaler_g = torch.amp.GradScaler(env.device.type, enabled=scaling)
         hvd = cfg.mode == "hvd"  # the paper's Horovod baseline: every parameter of both networks is averaged
         self.grads = GradBuffer(self.G, exchange_bias=cfg.comm.exchange_bias or hvd)
-        #: hvd: the critic's gradients in one flat buffer, averaged by d_exchange (set by sagips.run) every step
-        self.d_grads = GradBuffer(self.D, exchange_bias=True) if hvd else None
+        #: the critic's gradients in one flat buffer too (no allocation per step; hvd: averaged by d_exchange, set
+        #: by sagips.run, every step)
+        self.d_grads = GradBuffer(self.D, exchange_bias=True)
         self.d_exchange: Exchange | None = None
         #: comm.outer_sync=weights (sagips.comm.modes.WeightAverage, set by sagips.run): on its outer epochs the
         #: generator's weights and Adam moments are replaced by their mean over all ranks after the step
@@ -149,7 +178,6 @@ class Trainer:
         self.metrics = MetricsWriter(os.path.join(out_dir, "metrics.jsonl")) if is_root else None
         self.last_quality: dict[str, Any] | None = None
         self.progress_desc = ""  #: progress bar label (e.g. the ensemble member)
-        self.bad_steps = 0  #: consecutive generator steps with a non-finite gradient on this rank
         self.stop_requested = False  #: set by a signal handler (SIGTERM from PBS): save state, then stop
         self.states = RankStates(out_dir, rank)  #: this rank's training states (--resume replaces it)
         #: called with each newer epoch whose state every rank holds (rank 0 writes the `latest` marker)
@@ -158,7 +186,12 @@ class Trainer:
         self.stop_agreement = None
         self.ranges = Ranges(t.profile, env.device)  #: named profiler ranges (train.profile; no-ops when off)
         self.G_ema: torch.nn.Module | None = None  #: train.ema > 0: the averaged generator (made at its first update)
-        self.ema_steps = 0
+        self.ema_k = torch.zeros((), dtype=torch.float32, device=dev)  #: its updates so far (device)
+        self._plan: list[tuple[str, Callable]] | None = None  #: the step's segments (built at the first step)
+        self._out: dict[str, Any] = {}  #: the step's losses (device tensors; a graph's static outputs)
+        self._stats: dict[str, Any] = {}  #: the host points' results of this epoch (exchange counters)
+        #: train.cuda_graph (sagips.graph.SegmentRunner; made at the first step)
+        self.graphs = None
 
     def _resolve_precision(self, share):
         """(autocast dtype, record) for train.amp on this device (sagips.precision.resolve)."""
@@ -182,22 +215,27 @@ class Trainer:
         """The generator to evaluate and checkpoint: the weight average when train.ema > 0, else G."""
         return self.G_ema if self.G_ema is not None else self.G
 
+    @property
+    def ema_steps(self) -> int:
+        """Updates of the weight average so far (a host read)."""
+        return int(self.ema_k.item())
+
     @torch.no_grad()
     def update_ema(self) -> None:
         """G_ema <- d G_ema + (1 - d) G with d = min(ema, (1 + k) / (10 + k)) at update k (a short warm-up, so that
-        the average does not remember the random initialisation); buffers are copied."""
+        the average does not remember the random initialisation); buffers are copied. k and d live on the device."""
         import copy
 
         base = getattr(self.G, "module", self.G)  # the DDP peer wraps G
         if self.G_ema is None:
             self.G_ema = copy.deepcopy(base).requires_grad_(False)
-            self.ema_steps = 0
-        k = self.ema_steps
-        d = min(self.cfg.train.ema, (1.0 + k) / (10.0 + k))
-        torch._foreach_lerp_(list(self.G_ema.parameters()), list(base.parameters()), 1.0 - d)
+            self.ema_k.zero_()
+        k = self.ema_k
+        weight = 1.0 - torch.clamp((1.0 + k) / (10.0 + k), max=self.cfg.train.ema)
+        torch._foreach_lerp_(list(self.G_ema.parameters()), list(base.parameters()), weight)
         for b_ema, b in zip(self.G_ema.buffers(), base.buffers()):
             b_ema.copy_(b)
-        self.ema_steps = k + 1
+        k.add_(1.0)
 
     # ------------------------------------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
@@ -209,7 +247,7 @@ class Trainer:
             "generator": self.G.state_dict(), "discriminator": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
-            "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(),
+            "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(), "bad_steps": self.bad_steps,
             # the data subset: its key (a pure function of it gives the rows: sagips/io/shard.py for a file, the
             # seeded rng handed to attach_data otherwise), not the rows; the indices only where no key was recorded
             # (a Trainer used outside sagips.run)
@@ -231,6 +269,8 @@ class Trainer:
         self.D.load_state_dict(sd["discriminator"])
         self.opt_g.load_state_dict(sd["opt_g"])
         self.opt_d.load_state_dict(sd["opt_d"])
+        self._bind_lr()  # load_state_dict replaced the param groups' lr with the saved values
+        self.guard.set_streak(int(sd.get("bad_steps", 0)))
         self.scaler_g.load_state_dict(sd["scaler_g"])
         self.scaler_d.load_state_dict(sd["scaler_d"])
         self.env.gen.set_state(sd["rng_env"])
@@ -252,8 +292,10 @@ class Trainer:
 
             self.G_ema = copy.deepcopy(getattr(self.G, "module", self.G)).requires_grad_(False)
             self.G_ema.load_state_dict(sd["generator_ema"])
-            self.ema_steps = int(sd["ema_steps"])
+            self.ema_k.fill_(float(sd["ema_steps"]))
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
+        self.epoch_t.fill_(float(self.state.epoch))
+        self._set_lr(self.state.epoch)  # the rates of the epoch reached (the next step advances them)
 
     def _check_data_key(self, saved: dict[str, Any]) -> None:
         """The subset this run rebuilt from its key must be the saved state's: the same file layout, seed, fraction
@@ -277,6 +319,7 @@ class Trainer:
             raise ConfigError(f"--resume: the data subset's key changed ({changes}); resume with the run's settings")
 
     def save_state(self) -> None:
+        self.check_guard(self.state.epoch)  # the run's bad-step counts are current in the saved stats
         self.states.save(self.state.epoch, self.state_dict())
         if self.stop_agreement is None:  # a single rank: its own state is complete at once
             self.state_complete(self.state.epoch)
@@ -286,10 +329,11 @@ class Trainer:
         if self.states.set_complete(epoch) and self.on_state_complete is not None:
             self.on_state_complete(epoch)
 
-    # ------------------------------------------------------------------------------------------------ one epoch
     def _autocast(self):
+        # a recorded graph must not keep autocast's casts of the weights from its recording: no cast cache there
         return torch.autocast(self.env.device.type, dtype=self.amp_dtype or torch.float32,
-                              enabled=self.amp_dtype is not None)
+                              enabled=self.amp_dtype is not None, cache_enabled=self.graphs is None
+                              or not self.graphs.enabled)
 
     def check_environment(self, real: Any) -> None:
         """The first-epoch checks (sagips.checks) on rank 0, their verdict shared, so that every rank raises the
@@ -303,37 +347,176 @@ class Trainer:
         if problem:
             raise FirstEpochCheckError(problem)
 
-    def step(self, epoch: int) -> dict[str, float]:
-        env, G, D, rng = self.env, self.G, self.D, self.ranges
-        bad_d = 0
-        for _ in range(env.n_critic):
-            with rng(CRITIC):
-                with rng(DATA):
-                    real = env.real_batch()
-                if not self.checked:
-                    self.check_environment(real)
-                with torch.no_grad():
-                    fake = env.synthesize(G, real)
-                with self._autocast():
-                    loss_d = env.d_loss(D, real, fake)
-                if self.d_exchange is not None:
-                    bad_d += self._exchanged_critic_step(loss_d, epoch)
-                    continue
-                self.opt_d.zero_grad(set_to_none=True)
-                if not torch.isfinite(loss_d):  # never let a non-finite loss reach the discriminator's weights
-                    bad_d += 1
-                    continue
-                self.scaler_d.scale(loss_d).backward()
-                self.scaler_d.step(self.opt_d)
-                self.scaler_d.update()
-        with rng(GENERATOR):
-            with rng(DATA):
+    # ------------------------------------------------------------------------------------------------ one epoch
+    def step(self, epoch: int) -> dict[str, Any]:
+        """One epoch: the plan's device segments (eager, or replayed graphs) and host points, in order. Returns the
+        losses (device tensors) and the exchange's counters; reads the NaN guard only at check epochs."""
+        if self._plan is None:
+            self._plan = self.plan()
+            self.graphs = self._segment_runner()
+        self._stats = {}
+        if any(lr is None for lr in self.lr_t.values()):  # Adam without a fused kernel: its lr is a float
+            self._set_lr(epoch)
+        for i, (kind, fn) in enumerate(self._plan):
+            if kind == "host":
+                fn(epoch)
+            else:
+                self.graphs.run(i, fn)
+        self.graphs.step_done()
+        if self.checks_at(epoch):
+            self.check_guard(epoch)
+        return {**self._out, **self._stats}
+
+    def plan(self) -> list[tuple[str, Callable]]:
+        """The epoch as ("device", fn()) segments and ("host", fn(epoch)) points; adjacent device parts are merged.
+
+            schedule + critic step(s) + generator backward + NaN guard + D2H copy   (device)
+            straggler sleep, fault drill; exchange of the generator's gradients     (host)
+            H2D copy + generator step                                               (device)
+            weight average (comm.outer_sync=weights)                                (host)
+            weight average of the generator (train.ema)                             (device)
+
+        hvd adds, per critic step, a host point for the critic's exchange between its backward and its step."""
+        parts: list[tuple[str, Callable]] = [("device", self._advance_schedule)]
+        for _ in range(self.env.n_critic):
+            if self.d_exchange is not None:
+                parts += [("device", self._critic_backward), ("host", self._exchange_critic),
+                          ("device", self._critic_apply_exchanged)]
+            else:
+                parts += [("device", self._critic_step)]
+        parts += [("device", self._generator_backward), ("host", self._pipeline_knobs)]
+        if self.exchange is not None:
+            parts += [("host", self._exchange_generator)]
+        parts += [("device", self._generator_apply)]
+        if self.average_weights is not None:
+            parts += [("host", self._maybe_average_weights)]
+        if self.cfg.train.ema > 0:
+            parts += [("device", self.update_ema)]
+        merged: list[tuple[str, Callable]] = []
+        for kind, fn in parts:
+            if kind == "device" and merged and merged[-1][0] == "device":
+                merged[-1] = ("device", _chain(merged[-1][1], fn))
+            else:
+                merged.append((kind, fn))
+        return merged
+
+    def graph_obstacles(self) -> list[str]:
+        """What keeps this step from being recorded as a CUDA graph (empty: nothing)."""
+        out = []
+        if self.scaler_d.is_enabled() or self.scaler_g.is_enabled():
+            out.append("fp16 loss scaling (GradScaler keeps per-step state on the host)")
+        if any(lr is None for lr in self.lr_t.values()):
+            out.append("Adam has no fused kernel here (train.fused_adam=false or an unsupported device)")
+        if self.G is not getattr(self.G, "module", self.G):
+            out.append("a wrapped generator (the DDP baseline)")
+        if self.delay_s:
+            out.append("pipeline.delay_s (a host sleep inside the step)")
+        why = self.env.graph_obstacle() if hasattr(self.env, "graph_obstacle") else None
+        if why:
+            out.append(why)
+        return out
+
+    def _segment_runner(self):
+        from sagips.graph import SegmentRunner, resolve
+
+        mode = self.cfg.train.cuda_graph
+        use, why = resolve(mode, self.env.device, self.graph_obstacles() if self.env.device.type == "cuda" else [])
+        return SegmentRunner(self.env.device, use, generators=[self.env.gen], fallback=mode == "auto", why=why,
+                             warmup=self.cfg.train.cuda_graph_warmup)
+
+    def checks_at(self, epoch: int) -> bool:
+        """Whether the step reads the NaN guard's counts at `epoch` (one device-to-host read)."""
+        t = self.cfg.train
+        return (epoch % t.max_bad_steps == 0 or self.logs_at(epoch) or epoch % t.state_every == 0
+                or epoch == t.epochs or self.stop_requested)
+
+    def check_guard(self, epoch: int) -> None:
+        """Read the NaN guard: add its counts to the run's, and stop (NonFiniteError) after max_bad_steps bad
+        generator steps in a row (seen here within max_bad_steps epochs of the last of them)."""
+        counts = self.guard.take()
+        stats = self.state.stats
+        for k in ("bad_grad", "bad_loss_d"):
+            stats[k] = stats.get(k, 0) + counts[k]
+        limit = self.cfg.train.max_bad_steps
+        if counts["worst"] >= limit:
+            raise NonFiniteError(f"rank {self.rank}: {counts['worst']} generator steps in a row had NaN/Inf "
+                                 f"gradients (seen at epoch {epoch}, train.max_bad_steps={limit}); "
+                                 f"lower the learning rates or check the pipeline and data")
+
+    @property
+    def bad_steps(self) -> int:
+        """Generator steps in a row, up to now, with a non-finite gradient on this rank (a host read)."""
+        return int(self.guard.streak.item())
+
+    # -- the segments (device work only: nothing here reads a device value on the host) --------------------------
+    def _advance_schedule(self) -> None:
+        """epoch_t += 1, and the learning rates of that epoch (a pure function of it, so a resume continues it)."""
+        self.epoch_t.add_(1.0)
+        t = self.cfg.train
+        if t.lr_final == 1.0 and t.lr_d_final in (None, 1.0):
+            return
+        x = (self.epoch_t - 1.0) / max(1, t.epochs - 1)
+        for opt, lr0, final in self._schedule():
+            lr = self.lr_t[opt]
+            if lr is not None:
+                lr.copy_(lr0 * torch.pow(final, x))
+
+    def _critic_forward(self) -> torch.Tensor:
+        env = self.env
+        with self.ranges(CRITIC):
+            with self.ranges(DATA):
+                real = env.real_batch()
+            if not self.checked:
+                self.check_environment(real)
+            with torch.no_grad():
+                fake = env.synthesize(self.G, real)
+            with self._autocast():
+                loss_d = env.d_loss(self.D, real, fake)
+        self._out["loss_d"] = loss_d
+        return loss_d
+
+    def _critic_step(self) -> None:
+        """One critic step; a non-finite loss is skipped on the device (never reaches the critic's weights)."""
+        loss_d = self._critic_forward()
+        self.d_grads.zero_()
+        self.scaler_d.scale(loss_d).backward()
+        self.scaler_d.unscale_(self.opt_d)
+        bad = ~torch.isfinite(loss_d)
+        if self.scaler_d.is_enabled():  # fp16: an overflowed gradient is skipped too, as GradScaler.step would
+            bad = bad | ~torch.isfinite(self.d_grads.flat).all()
+        self._optimizer_step(self.opt_d, bad)
+        self.scaler_d.update()
+        self.guard.critic(~torch.isfinite(loss_d))
+
+    def _critic_backward(self) -> None:
+        """hvd: the critic's backward, its NaN guard, and the D2H copy of its gradients for the exchange."""
+        loss_d = self._critic_forward()
+        g = self.d_grads
+        g.zero_()
+        self.scaler_d.scale(loss_d).backward()
+        self.scaler_d.unscale_(self.opt_d)
+        self.guard.critic(~torch.isfinite(loss_d))
+        g.mask_non_finite()
+        g.offload_async()
+
+    def _exchange_critic(self, epoch: int) -> None:
+        g = self.d_grads
+        with self.ranges(EXCHANGE):
+            self.d_exchange(g.wait(), epoch, weight=g.weight)
+
+    def _critic_apply_exchanged(self) -> None:
+        """hvd: every rank steps on the same mean (skipped where it is not finite or nobody contributed)."""
+        g = self.d_grads
+        g.load_back()
+        self._optimizer_step(self.opt_d, ~g.usable())
+        self.scaler_d.update()  # the loss scale follows this rank's own overflow
+
+    def _generator_backward(self) -> None:
+        env, G, D = self.env, self.G, self.D
+        with self.ranges(GENERATOR):
+            with self.ranges(DATA):
                 real = env.real_batch()
             fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
-            if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
-                time.sleep(self.delay_s)
-            if epoch == self.fail_epoch:
-                raise FaultDrill(f"pipeline.fail_epoch: the fault drill's error on rank {self.rank} at epoch {epoch}")
             # The generator step needs only the critic's input gradients: with the critic's weights frozen while the
             # graph is built, backward skips their weight-gradient matmuls (a third of the critic's work here).
             d_weights = [p for p in D.parameters() if p.requires_grad]
@@ -349,60 +532,61 @@ class Trainer:
             self.scaler_g.scale(loss_g).backward()
             self.scaler_g.unscale_(self.opt_g)  # exchange true gradients: every rank has its own loss scale
             # A NaN/Inf gradient must not poison the other ranks through the exchange: this rank then contributes
-            # zeros with weight 0 (dropped from the mean) and still takes part, so that nobody waits for it.
-            finite = self.grads.is_finite()
-            if not finite:
-                self.grads.zero_()
-            self.bad_steps = 0 if finite else self.bad_steps + 1
-            stats = {"bad_grad": int(not finite), "bad_loss_d": bad_d}
+            # zeros with weight 0 (dropped from the mean) and still takes part, so that nobody waits for it. The
+            # verdict travels to the host with the gradients (GradBuffer.weight).
+            ok = self.grads.mask_non_finite()
+            self.guard.generator(ok)
             if self.exchange is not None:
-                with rng(EXCHANGE):
-                    buf = self.grads.offload()
-                    stats.update(self.exchange(buf, epoch, weight=1.0 if finite else 0.0) or {})
-                    self.grads.load_back()
-                # The step follows the EXCHANGED gradient, not this rank's own: a rank whose gradient overflowed
-                # (fp16) applies the group's mean like the others (GradScaler.step would skip it on the local
-                # overflow, and the replicas would drift); every rank skips only where nobody contributed (the mean
-                # is all zeros). So ranks that exchange in step (allreduce, arar, arar-arar; all ranks on an outer
-                # epoch) keep identical weights. Biases are exchanged only with comm.exchange_bias: otherwise they
-                # train on local gradients and may differ, as in the paper. In rma-arar-arar the ranks of a group
-                # combine what has arrived, so their weights differ between outer epochs by design.
-                if self.grads.is_finite() and bool(self.grads.flat.any()):
-                    self.opt_g.step()
-            elif finite:
-                self.scaler_g.step(self.opt_g)
-            self.scaler_g.update()  # the loss scale still backs off on this rank's own overflow
-            if self.average_weights is not None and self.average_weights.due(epoch):
-                with rng(EXCHANGE):
-                    self._average_weights(epoch)
-            if self.cfg.train.ema > 0:
-                self.update_ema()
-        if self.bad_steps >= self.cfg.train.max_bad_steps:
-            raise NonFiniteError(f"rank {self.rank}: {self.bad_steps} generator steps in a row had NaN/Inf "
-                                 f"gradients (epoch {epoch}, train.max_bad_steps={self.cfg.train.max_bad_steps}); "
-                                 f"lower the learning rates or check the pipeline and data")
-        return {"loss_d": loss_d, "loss_g": loss_g, **extras, **stats}
+                self.grads.offload_async()
+        self._out.update(loss_g=loss_g, **extras, bad_grad=(~ok).to(torch.float32))
 
-    def _exchanged_critic_step(self, loss_d: torch.Tensor, epoch: int) -> int:
-        """hvd: one critic step on the gradient averaged over all ranks (like the generator's: a rank whose loss or
-        gradient is not finite contributes zeros with weight 0 and still takes part). Returns 1 for a bad loss."""
-        g = self.d_grads
-        g.zero_()
-        finite = good_loss = bool(torch.isfinite(loss_d))  # one device sync
-        if finite:
-            self.scaler_d.scale(loss_d).backward()
-            self.scaler_d.unscale_(self.opt_d)
-            if not g.is_finite():
-                g.zero_()
-                finite = False
-        buf = g.offload()
-        self.d_exchange(buf, epoch, weight=1.0 if finite else 0.0)
-        g.load_back()
-        if g.is_finite() and bool(g.flat.any()):  # as for the generator: every rank steps on the same mean
-            self.opt_d.step()
-        if good_loss:  # unscale_ ran: the loss scale follows this rank's own overflow
-            self.scaler_d.update()
-        return int(not good_loss)
+    def _pipeline_knobs(self, epoch: int) -> None:
+        if self.delay_s:  # the straggler knob: a slow pipeline on chosen ranks
+            time.sleep(self.delay_s)
+        if epoch == self.fail_epoch:
+            raise FaultDrill(f"pipeline.fail_epoch: the fault drill's error on rank {self.rank} at epoch {epoch}")
+
+    def _exchange_generator(self, epoch: int) -> None:
+        g = self.grads
+        with self.ranges(EXCHANGE):
+            buf = g.wait()  # where the host waits anyway: the gradients and the guard's verdict are in host memory
+            self._stats.update(self.exchange(buf, epoch, weight=g.weight) or {})
+
+    def _generator_apply(self) -> None:
+        # The step follows the EXCHANGED gradient, not this rank's own: a rank whose gradient overflowed (fp16)
+        # applies the group's mean like the others (GradScaler.step would skip it on the local overflow, and the
+        # replicas would drift); every rank skips only where nobody contributed (the mean is all zeros). So ranks
+        # that exchange in step (allreduce, arar, arar-arar; all ranks on an outer epoch) keep identical weights.
+        # Biases are exchanged only with comm.exchange_bias: otherwise they train on local gradients and may differ,
+        # as in the paper. In rma-arar-arar the ranks of a group combine what has arrived, so their weights differ
+        # between outer epochs by design.
+        if self.exchange is not None:
+            with self.ranges(EXCHANGE):
+                self.grads.load_back()
+            skip = ~self.grads.usable()
+        else:
+            skip = self.grads.ok.eq(0)
+        self._optimizer_step(self.opt_g, skip)
+        self.scaler_g.update()  # the loss scale still backs off on this rank's own overflow
+
+    def _maybe_average_weights(self, epoch: int) -> None:
+        if self.average_weights.due(epoch):
+            with self.ranges(EXCHANGE):
+                self._average_weights(epoch)
+
+    def _optimizer_step(self, opt: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+        """opt.step(), skipped on the device where `skip` (0-dim bool) is true: the fused kernel reads it as its
+        `found_inf` (the flag GradScaler hands it) and leaves weights, moments and step count as they were. Adam
+        without a fused kernel reads `skip` on the host (the one host read left; such a step is never recorded)."""
+        if self.lr_t[opt] is None:
+            if not bool(skip):
+                opt.step()
+            return
+        opt.grad_scale, opt.found_inf = None, skip.to(torch.float32)
+        try:
+            opt.step()
+        finally:
+            del opt.grad_scale, opt.found_inf
 
     @torch.no_grad()
     def _average_weights(self, epoch: int) -> None:
@@ -439,12 +623,11 @@ class Trainer:
     def fit(self, progress: bool = True) -> TrainState:
         t, st = self.cfg.train, self.state
         bar = self._progress_bar(progress)
+        self.epoch_t.fill_(float(st.epoch))  # the device's clock starts where the run stands (0, or a resume)
         try:
             while st.epoch < t.epochs:
                 epoch = st.epoch + 1
                 with self.ranges(EPOCH):
-                    if t.lr_final != 1.0 or t.lr_d_final not in (None, 1.0):
-                        self._set_lr(epoch)
                     t0 = time.perf_counter()
                     out = self.step(epoch)
                     st.time_s += time.perf_counter() - t0
@@ -480,15 +663,31 @@ class Trainer:
         t = self.cfg.train
         return epoch == 1 or epoch % t.log_every == 0 or epoch == t.epochs
 
-    def _set_lr(self, epoch: int) -> None:
-        """lr(e) = lr0 * final ** ((e - 1) / (epochs - 1)), final = lr_final (lr_d_final for the discriminator, where
-        set): a pure function of the epoch (resumable)."""
+    def _schedule(self):
+        """(optimizer, lr0, final) of each network: lr(e) = lr0 * final ** ((e - 1) / (epochs - 1))."""
         t = self.cfg.train
-        x = (epoch - 1) / max(1, t.epochs - 1)
         d_final = t.lr_final if t.lr_d_final is None else t.lr_d_final
-        for opt, lr0, final in ((self.opt_g, t.lr_g, t.lr_final), (self.opt_d, t.lr_d, d_final)):
-            for group in opt.param_groups:
-                group["lr"] = lr0 * final ** x
+        return ((self.opt_g, t.lr_g, t.lr_final), (self.opt_d, t.lr_d, d_final))
+
+    def _bind_lr(self) -> None:
+        """Make each fused Adam's param groups read the device learning rate (after construction or a load)."""
+        for opt, lr in self.lr_t.items():
+            if lr is not None:
+                for group in opt.param_groups:
+                    group["lr"] = lr
+
+    def _set_lr(self, epoch: int) -> None:
+        """The schedule's rates of `epoch` set from the host (lr_final, lr_d_final: a pure function of the epoch, so
+        a resume continues it): a float for Adam without a fused kernel, a fill of the device tensor otherwise
+        (on resume; each step then advances it on the device, `_advance_schedule`)."""
+        x = (epoch - 1) / max(1, self.cfg.train.epochs - 1)
+        for opt, lr0, final in self._schedule():
+            lr = lr0 * final ** x
+            if self.lr_t[opt] is not None:
+                self.lr_t[opt].fill_(lr)
+            else:
+                for group in opt.param_groups:
+                    group["lr"] = lr
 
     def _log(self, epoch: int, out: dict[str, Any], bar) -> None:
         if not self.computes_quality:

@@ -55,9 +55,13 @@ def test_non_finite_gradient_is_dropped_then_stops(tmp_path):
     weight, finite, norm = calls[-1]
     assert weight == 0.0 and finite and norm == 0.0  # dropped: zeros with weight 0, never NaN on the wire
     assert tr.bad_steps == 1
+    # counted on the device and read every max_bad_steps epochs: at epoch 3 the streak is 2, below the limit; it
+    # reaches 3 at epoch 4, and the read at epoch 6 stops the run (within max_bad_steps epochs of it)
     tr.step(3)
-    with pytest.raises(NonFiniteError, match="3 generator steps in a row"):
-        tr.step(4)
+    tr.step(4)
+    tr.step(5)
+    with pytest.raises(NonFiniteError, match=r"5 generator steps in a row .*epoch 6.*max_bad_steps=3"):
+        tr.step(6)
 
 
 def test_training_without_exchange_moves_the_generator(tmp_path):
@@ -225,11 +229,16 @@ def test_learning_rates_follow_their_own_decays(tmp_path, d_final):
     sets = ["train.epochs=5", "train.lr_g=2e-3", "train.lr_d=1e-3", "train.lr_final=0.1"]
     if d_final is not None:
         sets.append(f"train.lr_d_final={d_final}")
-    tr = make_trainer(tmp_path, sets)
-    seen = []
-    step = tr.step
-    tr.step = lambda e: (seen.append((tr.opt_g.param_groups[0]["lr"], tr.opt_d.param_groups[0]["lr"])), step(e))[1]
-    tr.fit()
     fd = 0.1 if d_final is None else d_final
     want = [(2e-3 * 0.1 ** (k / 4), 1e-3 * fd ** (k / 4)) for k in range(5)]
-    assert np.allclose(seen, want, rtol=1e-12), (seen, want)
+    for fused in (True, False):  # the schedule as a device tensor (fused Adam), and as floats set from the host
+        tr = make_trainer(tmp_path / str(fused), sets + [f"train.fused_adam={str(fused).lower()}"])
+        assert (tr.lr_t[tr.opt_g] is not None) == fused and (tr.opt_g.param_groups[0]["lr"] is tr.lr_t[tr.opt_g]) \
+            == fused
+        seen = []
+        step = tr.step
+        # the rates the epoch's optimizer steps used (a tensor's value is read after the step)
+        tr.step = lambda e, tr=tr, step=step, seen=seen: (
+            step(e), seen.append(tuple(float(o.param_groups[0]["lr"]) for o in (tr.opt_g, tr.opt_d))))[0]
+        tr.fit()
+        np.testing.assert_allclose(seen, want, rtol=1e-6 if fused else 1e-12)  # float32 tensors: 1e-7 apart
