@@ -182,8 +182,8 @@ class ParametricEnvironment(Environment):
                                           .metadata["help"])),
                  ("bounds", Any, opt({k: list(v) for k, v in params.items()},
                                      ParametricConfig.__dataclass_fields__["bounds"].metadata["help"]))],
-                bases=(DensityConfig if has_density else ParametricConfig,), namespace={"env_parameters": dict(params), "env_truth": dict(truth),
-                                                     "__module__": cls.__module__})
+                bases=(DensityConfig if has_density else ParametricConfig,),
+                namespace={"env_parameters": dict(params), "env_truth": dict(truth), "__module__": cls.__module__})
 
     # -- the user's physics (one of the two) --------------------------------------------------------------------
     def density(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,27 @@
+"""benchmarks/coverage.py's --smoke profile (issue 36, item 4): data, a 2-member job, sagips.analyze and the ML fit
+for 1 replica of smear1d, its JSON, resume (a rerun trains nothing), and the page generated whole."""
+import json
+import sys
+
+from benchmarks import coverage
+
+
+def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert coverage.main(["--smoke", "--out", str(tmp_path)]) == 0
+    files = sorted((tmp_path / "coverage").glob("*.json"))
+    assert [f.name for f in files] == ["smear1d-000.json"]
+    rec = json.loads(files[0].read_text())
+    assert rec["names"] == ["tau", "resolution"] and rec["gan"]["n_members"] == 2
+    assert rec["gan"]["spread_from"] == "members" and all(s > 0 for s in rec["ml"]["sigma"])
+    assert abs(rec["ml"]["p"][0] - 1.0) < 6 * rec["ml"]["sigma"][0]  # the ML fit of 4,000 events finds tau
+    stamps = [f.stat().st_mtime_ns for f in files]
+
+    def no_training(*a, **k):
+        raise AssertionError("a finished replica was trained again")
+
+    monkeypatch.setattr(coverage, "replica", no_training)
+    assert coverage.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    page = (tmp_path / "coverage.md").read_text()
+    assert "## smear1d (profile " in page and "| tau | 1 |" in page and "coverage.notes.md" in page
