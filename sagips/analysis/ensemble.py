@@ -387,7 +387,10 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
     names = list(names) if names and len(names) == series.shape[1] else [f"p{i}" for i in range(series.shape[1])]
     ranks = np.asarray(final_quality.get("rank_params") or [final_quality["params"]], dtype=np.float64)
     f = ((info.get("config") or {}).get("environment") or {}).get("subset_fraction")
-    if str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
+    if len(ranks) < 2:
+        u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]), None, True)
+        what = "one rank: no spread to judge the movement against"
+    elif str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
                               None if f is None else stats.seen_fraction(f, 1), True)
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
