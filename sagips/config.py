@@ -226,6 +226,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return value
     if tp is str:
+        if isinstance(value, bool):  # YAML 1.1 reads on/off (and yes/no, true/false) as booleans
+            value = "on" if value else "off"
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return value
