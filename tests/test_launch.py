@@ -216,8 +216,9 @@ def test_scaling_pbs_sweep():
                                     for m in ("allreduce", "arar", "arar-arar", "rma-arar-arar")}
     assert points == expected
     assert len(lines) == len(expected) == len(dirs)  # one line per point, one directory per point
-    heads = [ln.split()[3] for ln in r.stdout.splitlines() if ln.startswith("# head -n")]
-    assert sorted(map(int, heads)) == sorted(n // 4 for n, _ in expected)  # the first N/4 nodes
+    slices = [ln.split("'")[1] for ln in r.stdout.splitlines() if ln.startswith("# sed -n")]
+    sizes = [int(b) - int(a) + 1 for a, b in (x[:-1].split(",") for x in slices)]
+    assert sorted(sizes) == sorted(n // 4 for n, _ in expected)  # N/4 nodes each (issue 35: side by side)
 
 
 def test_scaling_pbs_default_reaches_the_job_size():
@@ -230,7 +231,7 @@ def test_scaling_pbs_default_reaches_the_job_size():
 def test_scaling_pbs_custom_points_and_bad_ranks():
     r = dry_run(POLARIS / "scaling.pbs", NODES="10", RANKS="4 40", MODES="arar", REFERENCE="0")
     assert r.returncode == 0, r.stderr
-    assert [int(x[x.index("-n") + 1]) for x in mpiexec_lines(r.stdout)] == [4, 40]
+    assert sorted(int(x[x.index("-n") + 1]) for x in mpiexec_lines(r.stdout)) == [4, 40]
     r = dry_run(POLARIS / "scaling.pbs", NODES="2", RANKS="6")
     assert r.returncode != 0 and "multiple of 4" in r.stderr
 

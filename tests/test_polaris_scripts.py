@@ -7,6 +7,10 @@
   no longer matches;
 - ensemble.pbs sleeps 1 s between its background mpiexec launches (as ALCF's ensemble example does);
 - the modes the scripts accept are sagips.config.MODES.
+Issue 35: env.sh rebuilds an mpi4py that no longer imports (a fake broken one on PATH), with the compiler of the
+PrgEnv, through ALCF's proxy inside a job, and says where torch, mpi4py and libmpi come from; every .pbs runs with a
+short TMPDIR; MPICH_ASYNC_PROGRESS=1 gives torch 7 threads; scaling.pbs's node-hours, from its directives, are at most
+the points' own.
 Cheap: bash and a few dry runs, no mpiexec, no torch.
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.test_launch import mpiexec_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 POLARIS = ROOT / "launch" / "polaris"
@@ -350,4 +356,159 @@ def test_scripts_accept_exactly_the_modes_of_sagips_run():
 
     r = subprocess.run(["bash", "-c", f'source "{POLARIS}/common.sh" 2>/dev/null; echo "$SAGIPS_MODES"'],
                        env=_bare_env(DRY_RUN="1", NODES="1"), capture_output=True, text=True, timeout=30)
-    assert r.stdout.split() == list(MODES), r.stderr
+    assert r.stdout.splitlines()[-1].split() == list(MODES), r.stderr
+
+
+def test_every_pbs_runs_with_a_short_tmpdir(tmp_path):
+    """ALCF's known issue "AF_UNIX path too long" under mpiexec: common.sh exports TMPDIR=/tmp before any mpiexec,
+    whatever TMPDIR the job inherited, and refuses one too long for Python's sockets."""
+    long_tmp = str(tmp_path / ("x" * 90))
+    for script in PBS_SCRIPTS:
+        code = [ln.strip() for ln in script.read_text().splitlines() if not ln.lstrip().startswith("#")]
+        first_launch = next(i for i, ln in enumerate(code) if "mpiexec" in ln or "validate.py" in ln)
+        assert code.index('source "$SAGIPS_ROOT/launch/polaris/common.sh"') < first_launch, script.name
+        r = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                           env=_bare_env(DRY_RUN="1", NODES="2", TMPDIR=long_tmp, ENSEMBLE_SIZE="2"))
+        assert r.returncode == 0, (script.name, r.stderr)
+        assert f"# {script.name}: TMPDIR=/tmp" in r.stdout.splitlines(), script.name
+        r = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                           env=_bare_env(DRY_RUN="1", NODES="2", SAGIPS_TMPDIR=long_tmp))
+        assert r.returncode != 0 and "AF_UNIX path too long" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_async_progress_gives_torch_seven_threads():
+    for script in PBS_SCRIPTS:
+        for progress, want in (("1", ["train.threads=7"]), ("0", [])):
+            r = subprocess.run(["bash", str(script)], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                               env=_bare_env(DRY_RUN="1", NODES="2", ENSEMBLE_SIZE="2", RANKS="4",
+                                             MPICH_ASYNC_PROGRESS=progress))
+            assert r.returncode == 0, r.stderr
+            lines = [ln for ln in r.stdout.splitlines() if "train.threads" in ln or "sagips.run" in ln
+                     or "validate.py" in ln]
+            assert lines, script.name
+            for ln in lines:
+                assert re.findall(r"train\.threads=\d+", ln) == want, (script.name, ln)
+
+
+# -------------------------------------------------------------------------------- env.sh: mpi4py after a PE upgrade
+FAKE_PYTHON = r"""#!/bin/bash
+# A python for env.sh's tests. $FAKE/built exists once "pip" installed mpi4py; FAKE_MPI4PY=broken: the module's
+# mpi4py (version 4.0.1) cannot load its libmpi, as after a PE upgrade; ok: it loads.
+case "$1" in
+-m)
+    case "$2" in
+    venv) mkdir -p "${@: -1}/bin"; : > "${@: -1}/bin/activate"; exit 0 ;;
+    pip) echo "MPICC=${MPICC:-} https_proxy=${https_proxy:-} ${*:3}" >> "$FAKE/pip.log"
+         [[ "$*" == *mpi4py* ]] && : > "$FAKE/built"; exit 0 ;;
+    esac ;;
+-c)
+    if [[ "$2" == *"from mpi4py import MPI"* ]]; then
+        if [[ -e "$FAKE/built" || "$FAKE_MPI4PY" == ok ]]; then
+            [[ "$2" == *find_spec* ]] && printf '%s\n' "$FAKE_TORCH" "$FAKE/site/mpi4py/__init__.py"
+            [[ "$2" == *Get_library_version* ]] && echo "${FAKE_MPI:-MPI VERSION    : CRAY MPICH version 9.0.1.2}"
+            exit 0
+        fi
+        echo "ImportError: libmpi_nvidia.so.12: cannot open shared object file" >&2; exit 1
+    fi ;;
+esac
+exit 0
+"""
+
+
+def _fake_tools(tmp_path, cc_says="nvc 25.9-0 64-bit target on x86-64 Linux"):
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("python", "python3"):
+        (bin_ / name).write_text(FAKE_PYTHON)
+        (bin_ / name).chmod(0o755)
+    (bin_ / "cc").write_text(f'#!/bin/sh\necho "{cc_says}"\n')
+    (bin_ / "cc").chmod(0o755)
+    (tmp_path / "site").mkdir()
+    return {"PATH": f"{bin_}:{os.environ['PATH']}", "FAKE": str(tmp_path), "PE_ENV": "NVIDIA",
+            "FAKE_TORCH": str(tmp_path / "site" / "torch" / "__init__.py")}
+
+
+def _pip_log(tmp_path) -> list[str]:
+    log = tmp_path / "pip.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_env_sh_rebuilds_an_mpi4py_that_no_longer_imports(tmp_path):
+    """The module's mpi4py is 4.x but no longer loads its libmpi (a PE upgrade): the import test, not the version,
+    decides; mpi4py is built into the venv with the Cray wrapper; inside a job (SAGIPS_BUILD_IN_JOB=1) pip goes
+    through ALCF's proxy."""
+    fake = _fake_tools(tmp_path)
+    venv = tmp_path / "venv"
+    base = {k: v for k, v in _bare_env().items() if not k.lower().endswith("_proxy")}
+    env = {**base, **fake, "FAKE_MPI4PY": "broken", "SAGIPS_VENV": str(venv), "PBS_JOBID": "123.polaris",
+           "SAGIPS_BUILD_IN_JOB": "1"}
+    r = subprocess.run(["bash", "-c", f'source "{POLARIS}/env.sh"'], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    pip = _pip_log(tmp_path)
+    builds = [ln for ln in pip if "mpi4py" in ln]
+    assert len(builds) == 1 and builds[0].startswith("MPICC=cc -shared https_proxy=http://proxy.alcf.anl.gov:3128")
+    assert "--no-binary=mpi4py" in builds[0] and "--ignore-installed" in builds[0]
+    assert any(ln.endswith(f"install -e {ROOT}") for ln in pip)     # sagips itself, without the mpich extra
+    assert "key=" in (venv / ".sagips-venv").read_text() and "CRAY MPICH" in (venv / ".sagips-venv").read_text()
+    assert "does not load" in r.stderr
+
+
+def test_env_sh_keeps_an_mpi4py_that_imports(tmp_path):
+    fake = _fake_tools(tmp_path)
+    r = subprocess.run(["bash", "-c", f'source "{POLARIS}/env.sh"'], capture_output=True, text=True, timeout=60,
+                       env={**_bare_env(), **fake, "FAKE_MPI4PY": "ok", "SAGIPS_VENV": str(tmp_path / "venv")})
+    assert r.returncode == 0, r.stderr
+    assert not [ln for ln in _pip_log(tmp_path) if "mpi4py" in ln]
+
+
+def test_env_sh_builds_only_with_the_compiler_of_the_prgenv(tmp_path):
+    fake = _fake_tools(tmp_path, cc_says="gcc (SUSE Linux) 12.3.0")
+    r = subprocess.run(["bash", "-c", f'source "{POLARIS}/env.sh"'], capture_output=True, text=True, timeout=60,
+                       env={**_bare_env(), **fake, "FAKE_MPI4PY": "broken", "SAGIPS_VENV": str(tmp_path / "venv")})
+    assert r.returncode != 0 and not [ln for ln in _pip_log(tmp_path) if "mpi4py" in ln]
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert "cc is 'gcc (SUSE Linux) 12.3.0', not nvc of PrgEnv-nvidia" in errors[0]
+
+
+def test_env_sh_says_where_torch_mpi4py_and_libmpi_come_from(tmp_path):
+    fake = _fake_tools(tmp_path)
+    env = {**fake, "FAKE_MPI4PY": "ok", "CONDA_PREFIX": str(tmp_path / "site"), "VIRTUAL_ENV": str(tmp_path / "venv")}
+    r = env_sh("sagips_check_sources", **env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"env.sh: torch from the conda module: {fake['FAKE_TORCH']}",
+                                     f"env.sh: mpi4py from the conda module: {tmp_path}/site/mpi4py/__init__.py",
+                                     "env.sh: MPI library: MPI VERSION    : CRAY MPICH version 9.0.1.2"]
+    pip_torch = str(tmp_path / "venv" / "lib" / "torch" / "__init__.py")   # a CPU torch pip put into the venv
+    r = env_sh("sagips_check_sources", **{**env, "FAKE_TORCH": pip_torch})
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "not the conda module's" in r.stderr
+    r = env_sh("sagips_check_sources", **{**env, "FAKE_MPI": "MPICH Version:      4.3.0"})  # the mpich wheel
+    assert r.returncode != 0 and r.stderr.count("\n") == 1 and "not Cray MPICH" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------------- scaling.pbs
+def test_scaling_pbs_node_hours_are_at_most_the_points_own():
+    """Issue 35, item 5: the job holds select x walltime node-hours (its directives); its points, run side by side in
+    waves of at most POINT_LIMIT_S each, must fit that walltime, and the job must cost no more than the same points
+    as one job each (each its own select, the same limit and the same start-up allowance SETUP_S)."""
+    job = directives(POLARIS / "scaling.pbs")
+    job_node_s = job["nodes"] * seconds(job["walltime"])
+    r = subprocess.run(["bash", str(POLARIS / "scaling.pbs")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=_bare_env(DRY_RUN="1"))
+    assert r.returncode == 0, r.stderr
+    text = (POLARIS / "scaling.pbs").read_text()
+    limit = int(re.search(r"POINT_LIMIT_S=\$\{POINT_LIMIT_S:-(\d+)\}", text).group(1))
+    setup = int(re.search(r"SETUP_S=\$\{SETUP_S:-(\d+)\}", text).group(1))
+    waves = {}   # wave -> node ranges
+    for m in re.finditer(r"^# wave (\d+)/\d+: \S+ n=(\d+) on nodes (\d+)-(\d+) of (\d+)", r.stdout, re.M):
+        w, n, a, b, total = map(int, m.groups())
+        assert b - a + 1 == n // 4 and 1 <= a <= b <= total == job["nodes"]
+        waves.setdefault(w, []).append(set(range(a, b + 1)))
+    points = [p for ps in waves.values() for p in ps]
+    assert len(points) == len(mpiexec_lines(r.stdout)) == 33
+    for slices in waves.values():   # disjoint slices within a wave
+        assert sum(map(len, slices)) == len(set().union(*slices))
+    assert len(waves) * limit + setup <= seconds(job["walltime"])       # the sweep fits the walltime it asks for
+    one_job_each = sum(len(p) * (limit + setup) for p in points)
+    assert job_node_s <= one_job_each, (job_node_s / 3600, one_job_each / 3600)
+    assert job_node_s / 3600 <= 110    # docs/polaris.md: at most 108 node-hours (the old script asked for 300)

@@ -9,6 +9,8 @@
 #   sagips_die MESSAGE                     print to stderr and exit 1
 #   sagips_check_mode MODE                 die unless MODE is one of sagips.run's --mode choices
 #   sagips_split_args "STRING"             SPLIT_ARGS=(words of STRING), without glob expansion
+#   TMPDIR=/tmp (or SAGIPS_TMPDIR)         exported and checked: short enough for Python's AF_UNIX sockets
+#   sagips_torch_threads                   TORCH_THREADS=(--set train.threads=7) when MPICH_ASYNC_PROGRESS=1, else ()
 
 : "${DRY_RUN:=0}"
 RANKS_PER_NODE=4
@@ -30,6 +32,27 @@ sagips_split_args() {
 
 sagips_nodes_from_directive() {
     sed -n 's/^#PBS -l select=\([0-9][0-9]*\).*/\1/p' "$1" | head -n 1
+}
+
+# TMPDIR: Python's multiprocessing (optiGAN's forkserver DataLoader, environment.loader=dataloader) binds an AF_UNIX
+# socket at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (TMPDIR + 33 bytes), and a socket path holds at most 107 bytes.
+# ALCF lists "AF_UNIX path too long" under mpiexec as a known issue, fixed by TMPDIR=/tmp (Polaris, Known Issues):
+# every job sets it here, before any mpiexec (which passes the environment on to the ranks).
+export TMPDIR=${SAGIPS_TMPDIR:-/tmp}
+SAGIPS_AF_UNIX_MAX=107
+((${#TMPDIR} + 33 <= SAGIPS_AF_UNIX_MAX)) ||
+    sagips_die "TMPDIR=$TMPDIR is ${#TMPDIR} bytes: Python's AF_UNIX sockets under it would exceed" \
+        "$SAGIPS_AF_UNIX_MAX bytes (\"AF_UNIX path too long\"); use a short SAGIPS_TMPDIR, e.g. /tmp"
+[[ "$DRY_RUN" == 1 || ( -d "$TMPDIR" && -w "$TMPDIR" ) ]] || sagips_die "TMPDIR=$TMPDIR is not a writable directory"
+echo "# $(basename "$0"): TMPDIR=$TMPDIR"
+
+# sagips_torch_threads: with MPICH_ASYNC_PROGRESS=1 (env.sh) each rank's progress thread takes one of its DEPTH
+# cores, so torch gets the other DEPTH - 1; call it after env.sh and put "${TORCH_THREADS[@]}" before the user's
+# own arguments (a train.threads of theirs wins).
+sagips_torch_threads() {
+    TORCH_THREADS=()
+    [[ "${MPICH_ASYNC_PROGRESS:-0}" == 1 ]] && TORCH_THREADS=(--set "train.threads=$((DEPTH - 1))")
+    return 0
 }
 
 JOBID=${PBS_JOBID:-dryrun}
