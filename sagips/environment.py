@@ -84,6 +84,9 @@ class Environment(abc.ABC):
     #: ranks whose gradients are averaged, eq. 10 of the paper); None: the environment cannot split its batch
     batch_key: ClassVar[Optional[str]] = None
     n_critic: int = 1  #: critic steps per generator step
+    #: whether the generator step's `synthesize` and `g_loss` read the real batch (False: the trainer passes None and
+    #: draws none, so no work is thrown away; e.g. proxy1d, whose generator loss sees only synthetic events)
+    g_loss_reads_real: bool = True
     #: rows per chunk of the critic's passes (set by the trainer from train.chunk_rows; 0 = whole batch); see
     #: `critic_loss` and sagips/chunked.py
     chunk_rows: int = 0

@@ -137,6 +137,7 @@ class ParametricEnvironment(Environment):
     n_uniforms: ClassVar[int | None] = None  #: uniforms per event passed to simulate (None = event_width)
     clips_events: ClassVar[bool] = False  #: a simulator whose class sets `support` (set by __init_subclass__)
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
+    g_loss_reads_real = False  #: the generator loss sees synthetic events only (no real batch is drawn for it)
     keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
     pipeline_method: ClassVar[str] = "density"  #: the user's method, named by the first-epoch checks
     Config: ClassVar[type] = ParametricConfig

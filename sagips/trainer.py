@@ -515,7 +515,7 @@ class Trainer:
         env, G, D = self.env, self.G, self.D
         with self.ranges(GENERATOR):
             with self.ranges(DATA):
-                real = env.real_batch()
+                real = env.real_batch() if env.g_loss_reads_real else None
             fake = env.synthesize(G, real)  # the pipeline runs in float32, outside autocast
             # The generator step needs only the critic's input gradients: with the critic's weights frozen while the
             # graph is built, backward skips their weight-gradient matmuls (a third of the critic's work here).

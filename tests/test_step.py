@@ -96,7 +96,7 @@ def _reference_run(tmp_path, sets, epochs, exchange):
             opt_d.zero_grad()
             loss_d.backward()
             opt_d.step()
-        real = env.real_batch()
+        real = env.real_batch() if env.g_loss_reads_real else None  # proxy1d's generator loss reads none
         fake = env.synthesize(G, real)
         loss_g, _ = env.g_loss(D, real, fake)
         opt_g.zero_grad()
@@ -175,9 +175,10 @@ def test_nan_guard_one_poisoned_rank_applies_the_others_mean_on_both(tmp_path):
         assert all(torch.isfinite(a).all() for a in a0)
         moved = [a - b for a, b in zip(a0, b0)]
         assert any(m.abs().max() > 0 for m in moved)
-        moved1 = [torch.nan_to_num(a - b) for a, b in zip(a1, b1)]  # rank 1's own NaN entry stays NaN
+        moved1 = [a - b for a, b in zip(a1, b1)]  # rank 1's own NaN entry stays NaN: compare the others
         for m0, m1 in zip(moved, moved1):
             mask = torch.isfinite(m1)
+            assert int((~mask).sum()) <= 1
             torch.testing.assert_close(m0[mask], m1[mask])
 
 

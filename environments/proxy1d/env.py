@@ -78,6 +78,7 @@ class Proxy1D(Environment):
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
     Config = Proxy1DConfig
     datasets = {"events": 2}
+    g_loss_reads_real = False  #: the generator step draws no real batch (its loss compares norms, not events)
     keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
 
     def __init__(self, cfg: Proxy1DConfig, device: torch.device | str = "cpu", seed: int = 0):
@@ -85,6 +86,7 @@ class Proxy1D(Environment):
         self.n_critic = cfg.d_steps
         dev = self.device
         self.x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, device=dev)
+        self._logs = theory.grid_logs(self.x)  # constants of the run: never recomputed per step
         self.pmin = torch.tensor(cfg.param_min, device=dev)
         self.pmax = torch.tensor(cfg.param_max, device=dev)
         self.true = torch.tensor(cfg.true_params, device=dev)
@@ -169,7 +171,7 @@ class Proxy1D(Environment):
         """(events (B * E, 2), norms (B, 2), generator outputs in [0, 1] (B, 6))."""
         unit = G(self.noise(self.cfg.param_samples))
         p = theory.to_physical(unit, self.pmin, self.pmax)
-        events, norms = theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen)
+        events, norms = theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen, self._logs)
         return events, norms, unit
 
     def _adv_sum(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
