@@ -3,8 +3,10 @@
 On a CPU, bf16 autocast is fast only where the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX); elsewhere torch
 emulates it and the critic runs several times slower than in float32. `auto` therefore takes bf16 on a CPU only where
 the CPU reports native bf16, torch dispatches AVX-512 kernels (not where it is held to AVX2), *and* a start-up probe
-(the run's own critic, forward and backward on one chunk of rows, timed in both precisions, well under a second)
-measures it faster; otherwise float32. On CUDA, `auto` takes bf16
+(the run's own critic at the run's own critic batch, forward and backward in the trainer's row chunks, warmed up,
+the two precisions alternated over several rounds; the ratio of the medians, with a 10 % margin) measures it faster;
+otherwise float32. A probe of a few milliseconds on one chunk was noise on a shared machine: it chose float32 in 2
+runs of 3 where bf16 was 1.37x faster per epoch (issue 38). On CUDA, `auto` takes bf16
 where the GPU has it (Ampere and newer: no loss scaling, so no replica skips a step on an overflow) and fp16 with a
 GradScaler elsewhere. The pipeline always runs in float32.
 
@@ -12,8 +14,10 @@ GradScaler elsewhere. The pipeline always runs in float32.
 """
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,13 +59,20 @@ def _first_linear(module: torch.nn.Module) -> torch.nn.Linear | None:
     return next((m for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
 
 
-def probe(D: torch.nn.Module, device: torch.device, rows: int = 2048, reps: int = 3) -> dict[str, float] | None:
-    """Milliseconds of one critic forward + backward on `rows` random rows, in float32 and under bf16 autocast.
+def probe(D: torch.nn.Module, device: torch.device, rows: int = 2048, reps: int = 3,
+          chunk_rows: Callable[[torch.dtype | None], int] | None = None) -> dict[str, Any] | None:
+    """Milliseconds of the run's own critic pass, forward + backward over `rows` rows (the trainer passes the
+    critic's batch of one epoch), in the row chunks the trainer would use in each precision (`chunk_rows(dtype)`;
+    None: one pass), in float32 and under bf16 autocast.
 
-    The best of `reps` timed passes after one warm-up each; the critic's weights and gradients are left as they
-    were (it runs on a copy). None where the critic has no Linear layer to size the input by.
+    One warm-up pass of each, then `reps` rounds that alternate the two, so that load on a shared machine hits both
+    alike. The decision takes the ratio of the medians; the record keeps every round's ratio (the spread). The
+    critic's weights and gradients and the training's random streams are left as they were (it runs on a copy).
+    None where the critic has no Linear layer to size the input by.
     """
     import copy
+
+    from sagips.chunked import chunked_loss
 
     first = _first_linear(D)
     if first is None:
@@ -69,27 +80,33 @@ def probe(D: torch.nn.Module, device: torch.device, rows: int = 2048, reps: int 
     net = copy.deepcopy(D).to(device)
     gen = torch.Generator(device=device).manual_seed(0)  # the training's random streams are left untouched
     x = torch.randn(rows, first.in_features, device=device, generator=gen)
+    params = list(net.parameters())
 
-    def best(dtype: torch.dtype | None) -> float:
-        times = []
-        for i in range(reps + 1):
-            t0 = time.perf_counter()
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                out = net(x)
-            out.float().sum().backward()
-            net.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i:  # the first pass is a warm-up (allocations, kernel selection)
-                times.append(time.perf_counter() - t0)
-        return 1e3 * min(times)
+    def once(dtype: torch.dtype | None) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = chunked_loss(lambda xs: net(xs).float().sum() / rows, (x,), params,
+                                chunk_rows(dtype) if chunk_rows is not None else 0)
+        loss.backward()
+        net.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return 1e3 * (time.perf_counter() - t0)
 
-    fp32, bf16 = best(None), best(torch.bfloat16)
-    return {"rows": rows, "fp32_ms": round(fp32, 3), "bf16_ms": round(bf16, 3), "bf16_ratio": round(bf16 / fp32, 3)}
+    once(None), once(torch.bfloat16)  # warm-up: allocations, kernel selection, oneDNN's primitive caches
+    fp32, bf16 = [], []
+    for _ in range(max(1, reps)):
+        fp32.append(once(None))
+        bf16.append(once(torch.bfloat16))
+    f, b = statistics.median(fp32), statistics.median(bf16)
+    ratios = sorted(round(y / x, 3) for x, y in zip(fp32, bf16))
+    return {"rows": rows, "reps": len(fp32), "fp32_ms": round(f, 3), "bf16_ms": round(b, 3),
+            "bf16_ratio": round(b / f, 3), "round_ratios": ratios}
 
 
 def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, rows: int = 2048,
-            _probe=probe) -> tuple[torch.dtype | None, dict[str, Any]]:
+            _probe=probe, chunk_rows: Callable[[torch.dtype | None], int] | None = None
+            ) -> tuple[torch.dtype | None, dict[str, Any]]:
     """(autocast dtype or None for float32, record) for train.amp=`mode` on `device`.
 
     The record holds the resolved precision, why, the CPU capability, whether the CPU has native bf16, and the
@@ -111,7 +128,7 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
         dtype = _DTYPES[mode]
         info["reason"] = "requested"
         if device.type == "cpu" and dtype is torch.bfloat16 and not native:
-            info["probe"] = p = _probe(D, device, rows) if D is not None else None
+            info["probe"] = p = _probe(D, device, rows, chunk_rows=chunk_rows) if D is not None else None
             slower = f"{p['bf16_ratio']:.1f}x slower than float32 in the start-up probe" if p else "emulated"
             msg = (f"train.amp=bf16 on a CPU without native bf16 ({info['cpu_capability']}): torch emulates it, "
                    f"{slower}; train.amp=auto or none is faster here")
@@ -128,7 +145,7 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
                           if info.get("native_bf16_held_back") else
                           f"auto: this CPU ({info['cpu_capability']}) has no native bf16")
     else:
-        p = info["probe"] = _probe(D, device, rows) if D is not None else None
+        p = info["probe"] = _probe(D, device, rows, chunk_rows=chunk_rows) if D is not None else None
         fast = p is not None and p["bf16_ratio"] <= AUTO_BF16_MAX_RATIO
         dtype = torch.bfloat16 if fast else None
         info["reason"] = ("auto: native bf16, " + (f"{p['bf16_ratio']:.2f}x the float32 time in the probe" if p

@@ -35,6 +35,9 @@ from sagips.profiling import CRITIC, DATA, EPOCH, EXCHANGE, GENERATOR, LOG, Rang
 
 Exchange = Callable[[np.ndarray, int], dict]
 
+#: the precision probe's largest batch (rows): the critic's time per row no longer depends on the batch beyond it
+PROBE_MAX_ROWS = 1 << 16
+
 
 def select_device(kind: str, local_rank: int) -> torch.device:
     """cuda:(local_rank % device_count) when CUDA is present (and allowed), else cpu."""
@@ -199,15 +202,20 @@ class Trainer:
 
         res = None
         if share is None or self.rank == 0:
-            rows = min(2048, max(256, 2 * self.env.events_per_epoch))
-            res = resolve(self.cfg.train.amp, self.env.device, self.D, rows)
+            # the probe times what predicts the epoch: the critic's own batch (real + synthetic rows, up to
+            # PROBE_MAX_ROWS: the time per row is flat beyond), in the row chunks this run will use in each dtype
+            rows = min(PROBE_MAX_ROWS, max(256, 2 * self.env.events_per_epoch))
+            res = resolve(self.cfg.train.amp, self.env.device, self.D, rows, chunk_rows=self._chunk_rows_for)
         return share(res) if share is not None else res
+
+    def _chunk_rows_for(self, dtype: torch.dtype | None) -> int:
+        """train.chunk_rows resolved for this process's threads and autocast dtype `dtype` (None: float32)."""
+        elem = 4 if dtype is None else torch.finfo(dtype).bits // 8
+        return auto_chunk_rows(self.cfg.train.chunk_rows, self.env.device, self.D, torch.get_num_threads(), elem)
 
     def resolve_chunk_rows(self) -> int:
         """Set env.chunk_rows from train.chunk_rows for this process's threads and the autocast dtype."""
-        elem = 4 if self.amp_dtype is None else torch.finfo(self.amp_dtype).bits // 8
-        self.env.chunk_rows = auto_chunk_rows(self.cfg.train.chunk_rows, self.env.device, self.D,
-                                              torch.get_num_threads(), elem)
+        self.env.chunk_rows = self._chunk_rows_for(self.amp_dtype)
         return self.env.chunk_rows
 
     @property

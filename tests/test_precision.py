@@ -11,7 +11,7 @@ CPU = torch.device("cpu")
 
 
 def _probe(ratio, calls=None):
-    def fake(D, device, rows):
+    def fake(D, device, rows, chunk_rows=None):
         if calls is not None:
             calls.append(rows)
         return {"rows": rows, "fp32_ms": 10.0, "bf16_ms": 10.0 * ratio, "bf16_ratio": ratio}
@@ -87,9 +87,13 @@ def test_the_real_probe_times_both_precisions_and_leaves_the_critic_and_rng_alon
     D = mlp(2, 1, 16, 2)
     before = [p.detach().clone() for p in D.parameters()]
     state = torch.get_rng_state()
-    p = precision.probe(D, CPU, rows=64, reps=1)
-    assert p["fp32_ms"] > 0 and p["bf16_ms"] > 0
+    chunks = []
+    p = precision.probe(D, CPU, rows=64, reps=3, chunk_rows=lambda dtype: chunks.append(dtype) or 16)
+    assert p["fp32_ms"] > 0 and p["bf16_ms"] > 0 and p["reps"] == 3 and len(p["round_ratios"]) == 3
     assert p["bf16_ratio"] == pytest.approx(p["bf16_ms"] / p["fp32_ms"], rel=1e-2)
+    # the medians decide: the ratio of the medians lies within the rounds' own ratios (their spread)
+    assert min(p["round_ratios"]) <= p["bf16_ratio"] * 1.01 and p["bf16_ratio"] <= max(p["round_ratios"]) * 1.01
+    assert set(chunks) == {None, torch.bfloat16}  # each precision in its own chunks, as the trainer runs it
     assert all(torch.equal(a, b) for a, b in zip(before, D.parameters()))
     assert all(q.grad is None for q in D.parameters())
     assert torch.equal(state, torch.get_rng_state())
