@@ -1,16 +1,22 @@
 """Ten minutes on Polaris before a large run: one verdict per question that only a real job can answer.
 
-    qsub -A PROJECT launch/polaris/validate.pbs                     # 2 nodes of the debug queue, <= 15 minutes
+    qsub -A PROJECT launch/polaris/validate.pbs                     # 2 nodes of the debug queue, 15-minute walltime
     python launch/polaris/validate.py run --out DIR -- mpiexec -n 4  # anywhere: one host, CPU only (the test suite)
 
 `run` is the driver: one process, outside mpiexec. It launches each step below under the launch prefix given after
 `--` (on Polaris: mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --hostfile $PBS_NODEFILE set_affinity_gpu.sh),
 with a time limit, reads what the step wrote, prints one line per question
 
-    validate: <question id>: pass|fail|skipped: <detail>
+    validate: <question id>: pass|fail|skipped|timed out: <detail>
 
-and writes them, with the data behind them, to DIR/validate.json (attach it to a bug report). Exit status 1 when a
-verdict is `fail`. A question that needs Polaris (PALS, GPUs, two nodes) is `skipped: <reason>` elsewhere.
+as soon as it is known, and appends it at once to DIR/verdicts.jsonl (one JSON object a line, each one write() of
+an O_APPEND file: a walltime kill loses no verdict already known); at the end it writes the summary and the data
+behind every verdict to DIR/validate.json (attach both to a bug report). Exit status 1 when a verdict is `fail` or
+`timed out`. A question that needs Polaris (PALS, GPUs, two nodes) is `skipped: <reason>` elsewhere. A check that
+runs out of its own time (its step's limit, validate's --budget-s, or the job's walltime: SIGTERM) is `timed out`.
+Every input a check depends on is explicit (--log-every, --state-every, --kill-after-epoch, --fail-epoch,
+--drill-timeout-s), whatever the preset says, and a combination that cannot pass (an epoch time from fewer than 3
+records) is refused at the start.
 
 The steps reuse the package, they do not re-implement it:
   pmi+rma_shared  `validate.py ranks` with SAGIPS_SUPERVISOR=1: sagips.supervise forks the rank before MPI_Init, as
@@ -21,7 +27,8 @@ The steps reuse the package, they do not re-implement it:
   kill            `validate.py train`: `python -m sagips.run` (sagips.run.main) in which one rank kills itself with
                   SIGKILL once the run's state reached epoch E. Verdicts: the job ends within comm.timeout_s of the
                   supervisor's line that names the rank; before training, each rank's torch threads
-                  (sagips.trainer.threads_per_rank under the launcher's CPU binding) and GPU; the epoch time
+                  (sagips.trainer.threads_per_rank under the launcher's CPU binding), its GPU, and optiGAN's
+                  DataLoader once (forkserver workers, whose AF_UNIX socket lives under TMPDIR); the epoch time
                   (metrics.jsonl) against the paper's A100 figure.
   pmi0+rma_allocate  the PMI check with SAGIPS_SUPERVISOR=0 (no fork); then the RMA stress with the allocate
                   backend (Win.Allocate + Put + Flush) and ONE group over all ranks, so that it spans the nodes: the
@@ -67,6 +74,8 @@ QUESTIONS = {
                    "naming the rank?",
     "threads": "torch threads per rank under the launcher's CPU binding",
     "gpus": "the GPU each rank sees",
+    "loader": "optiGAN's DataLoader after MPI_Init (forkserver workers, an AF_UNIX socket under TMPDIR): does every "
+              "rank get its batches?",
     "epoch_time": f"epoch time against the paper's ({PAPER_EPOCH_S * 1e3:.0f} ms on an A100)",
 }
 
@@ -74,6 +83,12 @@ QUESTIONS = {
 # elsewhere, so that a sum of contributions stays decodable: per sender region, one clean epoch, or nothing.
 STRIDE = 100_000
 MAX_GROUP = (2 ** 24) // STRIDE - 1
+
+STATUSES = ("pass", "fail", "skipped", "timed out")
+#: sagips.run settings that the drills set themselves (each from its own option): a --drill-set of one is refused
+DRILL_KEYS = {"train.log_every": "--log-every", "train.state_every": "--state-every",
+              "comm.timeout_s": "--drill-timeout-s", "pipeline.fail_epoch": "--fail-epoch",
+              "pipeline.fail_ranks": "--victim", "train.epochs": "(the drills run until they are stopped)"}
 
 
 # ================================================================================================ the rank side
@@ -250,8 +265,8 @@ def ranks_main(args) -> int:
     return 0
 
 
-def _placement(world) -> dict:
-    """This rank's CPUs, torch threads (as sagips.run computes them) and GPU."""
+def _placement(world, requested_threads: int = 0) -> dict:
+    """This rank's CPUs, torch threads (as sagips.run computes them for train.threads=requested_threads) and GPU."""
     import torch
     from mpi4py import MPI
 
@@ -264,7 +279,8 @@ def _placement(world) -> dict:
     local_rank = node.Get_rank()
     node.Free()
     rec = {"rank": world.Get_rank(), "host": socket.gethostname(), "local_rank": local_rank, "cpus": sorted(own),
-           "threads": threads_per_rank(0, own, node_cpus), "ranks_on_node": len(node_cpus),
+           "threads": threads_per_rank(requested_threads, own, node_cpus), "ranks_on_node": len(node_cpus),
+           "async_progress": os.environ.get("MPICH_ASYNC_PROGRESS") == "1",
            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "cuda": torch.cuda.is_available(),
            "gpus_visible": torch.cuda.device_count() if torch.cuda.is_available() else 0}
     device = select_device("auto", local_rank)
@@ -277,17 +293,60 @@ def _placement(world) -> dict:
     return rec
 
 
-def _kill_when(out_dir: str, epoch: int, marker: str) -> None:
-    """Watch the run's state; once every rank has a state of `epoch` (state/latest.json), SIGKILL this process."""
-    from sagips.io.state import read_latest
+def _set_value(argv: list[str], key: str, default=None):
+    """The value of the last `--set key=value` in a sagips.run argv (as a string), or default."""
+    found = default
+    for a, b in zip(argv, argv[1:]):
+        if a == "--set" and b.startswith(key + "="):
+            found = b.partition("=")[2]
+    return found
+
+
+def _loader_check(batches: int = 3, workers: int = 2) -> dict:
+    """optiGAN's own DataLoader path (environment.loader=dataloader, loader_start=forkserver) on this rank after
+    MPI_Init, on a small table: the forkserver binds an AF_UNIX socket under TMPDIR (ALCF's known issue "AF_UNIX path
+    too long" under mpiexec), and its workers must deliver exactly the batches BootstrapBatches defines."""
+    import tempfile
+
+    tmp = tempfile.gettempdir()
+    rec = {"tmpdir": tmp, "socket_path_bytes": len(tmp) + 33, "workers": workers}
+    t0 = time.time()
+    env = None
+    try:
+        import torch
+
+        from sagips_environments.optigan.env import BootstrapBatches, OptiGAN, OptiGANConfig
+
+        env = OptiGAN(OptiGANConfig(batch_size=64, loader="dataloader", loader_workers=workers), "cpu", seed=7)
+        env.loader, env.data = "dataloader", torch.arange(9 * 500, dtype=torch.float32).reshape(500, 9)
+        rec["start"] = env.cfg.loader_start
+        got = [env.real_batch() for _ in range(batches)]
+        want = [BootstrapBatches(env.data, 64, 7)[i] for i in range(batches)]
+        rec["ok"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        if not rec["ok"]:
+            rec["error"] = "the workers' batches differ from BootstrapBatches'"
+    except Exception as e:  # noqa: BLE001 (the verdict reports it; the drill goes on)
+        rec["ok"], rec["error"] = False, f"{type(e).__name__}: {e}"[:300]
+    finally:
+        if env is not None:
+            env._loader_iter = None  # its workers exit
+    rec["seconds"] = round(time.time() - t0, 2)
+    return rec
+
+
+def _kill_when(out_dir: str, epoch: int, marker: str, world_size: int) -> None:
+    """Watch the run's states; once every rank has saved a state of `epoch` or later, SIGKILL this process. Every
+    rank's own directory is listed (sagips.io.state.state_epochs), not state/latest.json: that marker follows the
+    ranks' stop agreement, which may complete its reductions up to max_ahead epochs late."""
+    from sagips.io.state import state_epochs
 
     while True:
-        latest = read_latest(out_dir) or {}
-        if latest.get("epoch", 0) >= epoch:
+        done = min(max(state_epochs(out_dir, r), default=0) for r in range(world_size))
+        if done >= epoch:
             _write_json(marker, {"rank_pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
-                                 "state_epoch": latest["epoch"]})
+                                 "state_epoch": done})
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def train_main(args, run_argv: list[str]) -> int:
@@ -304,13 +363,15 @@ def train_main(args, run_argv: list[str]) -> int:
     from sagips.comm.watchdog import gather_json
 
     world = MPI.COMM_WORLD
-    placed = gather_json(world, _placement(world), timeout_s=300, what="validate: placement")
+    mine = _placement(world, int(_set_value(run_argv, "train.threads", 0)))
+    mine["loader"] = _loader_check()
+    placed = gather_json(world, mine, timeout_s=300, what="validate: placement")
     if world.Get_rank() == 0:
         _write_json(args.placement, placed)
     rank = launcher_rank()
     if args.kill_rank >= 0 and (rank if rank is not None else world.Get_rank()) == args.kill_rank:
-        threading.Thread(target=_kill_when, args=(args.watch_dir, args.kill_after_epoch, args.marker),
-                         daemon=True).start()
+        threading.Thread(target=_kill_when, args=(args.watch_dir, args.kill_after_epoch, args.marker,
+                                                  world.Get_size()), daemon=True).start()
     from sagips.run import main
 
     return main(run_argv)
@@ -330,6 +391,7 @@ class Step:
     t_start: float = 0.0
     t_end: float = 0.0
     lines: list = field(default_factory=list)  # (time, stream, text)
+    proc: subprocess.Popen | None = field(default=None, repr=False)  # while it runs (stopped on SIGTERM)
 
     def text(self, stream: str | None = None) -> str:
         return "\n".join(t for _, s, t in self.lines if stream is None or s == stream)
@@ -355,8 +417,8 @@ def run_step(step: Step, timeout_s: float, log_dir: Path) -> Step:
     """Run the step in its own session; on timeout, SIGTERM then SIGKILL its whole process group."""
     env = {**os.environ, **step.env}
     step.t_start = time.time()
-    p = subprocess.Popen(step.cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         errors="replace", start_new_session=True)
+    p = step.proc = subprocess.Popen(step.cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, errors="replace", start_new_session=True)
     lock = threading.Lock()
 
     def pump(stream, name):
@@ -372,16 +434,7 @@ def run_step(step: Step, timeout_s: float, log_dir: Path) -> Step:
         step.rc = p.wait(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
         step.timed_out = True
-        for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                step.rc = p.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_step(step)
     step.t_end = time.time()
     step.wall_s = step.t_end - step.t_start
     for t in pumps:
@@ -395,8 +448,22 @@ def run_step(step: Step, timeout_s: float, log_dir: Path) -> Step:
     return step
 
 
+def stop_step(step: Step, graces=(5.0, 10.0)) -> None:
+    """SIGTERM, then SIGKILL, the step's whole process group."""
+    for sig, grace in zip((signal.SIGTERM, signal.SIGKILL), graces):
+        try:
+            os.killpg(step.proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            step.rc = step.proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def verdict(qid: str, status: str, detail: str, **data) -> dict:
-    assert status in ("pass", "fail", "skipped"), status
+    assert status in STATUSES, status
     return {"id": qid, "question": QUESTIONS[qid], "status": status, "detail": detail, "data": data}
 
 
@@ -418,9 +485,14 @@ def _crashed(step: Step) -> str:
     return f"exited with {step.rc} after {step.wall_s:.1f} s; last output: {_tail(step)}"
 
 
+def _no_answer(qid: str, step: Step, what: str, **data) -> dict:
+    """The step gave no answer: `timed out` when validate stopped it at its limit, else `fail`."""
+    return verdict(qid, "timed out" if step.timed_out else "fail", f"{what}: {_crashed(step)}", rc=step.rc, **data)
+
+
 def pmi_verdict(qid: str, step: Step, result: dict | None, nranks: int, supervised: bool) -> dict:
     if result is None:
-        return verdict(qid, "fail", f"the step wrote no result: {_crashed(step)}", rc=step.rc)
+        return _no_answer(qid, step, "the step wrote no result")
     ranks = result.get("ranks") or []
     launcher = sorted({r.get("launcher") for r in ranks} or {"unknown"})
     data = {"world_size": result.get("world_size"), "launcher": launcher, "mpi_library": result.get("mpi_library"),
@@ -447,7 +519,8 @@ def pmi_verdict(qid: str, step: Step, result: dict | None, nranks: int, supervis
 
 def rma_verdict(qid: str, step: Step, result: dict | None, want_backend: str, need_hosts: int) -> dict:
     if result is None or "rma" not in result:
-        return verdict(qid, "fail", f"no result: {_crashed(step)}", rc=step.rc)
+        # (a hang inside the exchange is named by the ranks' watchdog, --rma-timeout-s, before the step's limit)
+        return _no_answer(qid, step, "no result")
     per_rank = result["rma"]
     total = {k: sum(r[k] for r in per_rank) for k in ("exchanges", "used", "torn_skipped", "stale_dropped", "bad")}
     backends = sorted({r["backend"] for r in per_rank})
@@ -486,8 +559,9 @@ def drill_verdict(qid: str, step: Step, victim: int, timeout_s: float, named_by:
     t_dog, dog = step.first(_WATCHDOG)
     data = {"victim": victim, "named": named, "rc": step.rc, "timeout_s": timeout_s, "wall_s": round(step.wall_s, 2)}
     if not started:
-        return verdict(qid, "fail", f"the drill never happened (the run did not reach the drill's epoch): "
-                                    f"{_crashed(step)}", **data)
+        return verdict(qid, "timed out" if step.timed_out else "fail", f"the drill never happened (the run did not "
+                                                                       f"reach the drill's epoch): {_crashed(step)}",
+                       **data)
     if t_named is None:
         return verdict(qid, "fail", f"no line names the lost rank {victim}; {_crashed(step)}", **data)
     teardown = step.t_end - t_named
@@ -506,10 +580,12 @@ def drill_verdict(qid: str, step: Step, victim: int, timeout_s: float, named_by:
                                 f"{timeout_s:g}), by {ended_by}, exit status {step.rc}", **data)
 
 
-def placement_verdicts(placed: list | None, run_json: dict | None, expect_cpus: int) -> list[dict]:
+def placement_verdicts(placed: list | None, run_json: dict | None, expect_cpus: int,
+                       step: Step | None = None) -> list[dict]:
     if not placed:
-        why = "the training step recorded no placement"
-        return [verdict("threads", "fail", why), verdict("gpus", "fail", why)]
+        status = "timed out" if step is not None and step.timed_out else "fail"
+        why = "the training step recorded no placement" + (f": {_crashed(step)}" if step is not None else "")
+        return [verdict(q, status, why) for q in ("threads", "gpus", "loader")]
     hosts = {}
     for r in placed:
         hosts.setdefault(r["host"], []).append(r)
@@ -523,8 +599,12 @@ def placement_verdicts(placed: list | None, run_json: dict | None, expect_cpus: 
             overlap = any(s != own and s & own for s in sets)
             if overlap:
                 problems.append(f"rank {r['rank']}'s cores overlap another rank's partly")
-            if sharing == 1 and r["threads"] != len(own):
-                problems.append(f"rank {r['rank']} is pinned to {len(own)} cores but uses {r['threads']} threads")
+            # MPICH_ASYNC_PROGRESS=1: MPICH's progress thread takes one of the rank's cores (train.threads=7)
+            want = len(own) - 1 if r.get("async_progress") and len(own) > 1 else len(own)
+            if sharing == 1 and r["threads"] != want:
+                problems.append(f"rank {r['rank']} is pinned to {len(own)} cores but uses {r['threads']} threads"
+                                + (" beside MPICH's progress thread (set train.threads=" + str(want) + ")"
+                                   if want < len(own) else ""))
             if sharing > 1 and r["threads"] * sharing > max(len(own), sharing):
                 problems.append(f"rank {r['rank']}: {r['threads']} threads x {sharing} ranks on {len(own)} cores")
             if expect_cpus and len(own) != expect_cpus:
@@ -562,7 +642,22 @@ def placement_verdicts(placed: list | None, run_json: dict | None, expect_cpus: 
                                             f"{r['local_rank']}->{r['CUDA_VISIBLE_DEVICES']}"
                                             for r in sorted(hosts[min(hosts)], key=lambda r: r['local_rank'])),
                         per_rank=gpu_rows))
-    return [threads, gpus]
+    return [threads, gpus, loader_verdict(placed)]
+
+
+def loader_verdict(placed: list) -> dict:
+    recs = [{"rank": r["rank"], "host": r["host"], **(r.get("loader") or {"ok": False, "error": "not run"})}
+            for r in placed]
+    bad = [r for r in recs if not r.get("ok")]
+    tmp = sorted({r.get("tmpdir") for r in recs if r.get("tmpdir")})
+    if bad:
+        return verdict("loader", "fail", f"{len(bad)} of {len(recs)} ranks: rank {bad[0]['rank']}: "
+                                         f"{bad[0].get('error')} (TMPDIR {', '.join(tmp)})", per_rank=recs)
+    slowest = max(r.get("seconds", 0) for r in recs)
+    return verdict("loader", "pass", f"every rank got its batches from {recs[0].get('workers')} "
+                                     f"{recs[0].get('start')} workers (TMPDIR {', '.join(tmp)}, socket paths of "
+                                     f"{max(r['socket_path_bytes'] for r in recs)} bytes; slowest {slowest:.1f} s)",
+                   per_rank=recs)
 
 
 def epoch_time_verdict(metrics_path: Path, run_json: dict | None, config: str, tolerance: float) -> dict:
@@ -610,14 +705,16 @@ class Driver:
         self.logs = self.out / "logs"
         self.steps: dict[str, Step] = {}
         self.verdicts: list[dict] = []
+        self.journal = self.out / "verdicts.jsonl"
         self.deadline = time.time() + args.budget_s
         self.py = [sys.executable]
+        self.current: Step | None = None
 
     # -- commands
     def ranks_cmd(self, step: str, rma: bool, inner_size: int = 0, backend: str = "auto") -> list[str]:
         a = self.args
         cmd = [*self.launch, *self.py, str(HERE), "ranks", "--step", step, "--out", str(self.out / f"{step}.json"),
-               "--timeout-s", str(a.step_timeout_s)]
+               "--timeout-s", str(a.rma_timeout_s)]
         if rma:
             cmd += ["--rma", "--inner-size", str(inner_size), "--backend", backend, "--exchanges", str(a.exchanges),
                     "--floats", str(a.floats)]
@@ -626,17 +723,19 @@ class Driver:
     def run_argv(self, out_dir: Path, extra: list[str]) -> list[str]:
         a = self.args
         argv = ["--config", a.drill_config, "--mode", a.drill_mode, "--epochs", "1000000", "--output-dir",
-                str(out_dir), "--overwrite", "--no-progress", "--set", f"comm.timeout_s={a.drill_timeout_s:g}"]
+                str(out_dir), "--overwrite", "--no-progress"]
         for item in a.drill_set:
             argv += ["--set", item]
+        # last, so that no preset changes them: what the verdicts rest on (epoch_time: 3 records by the kill epoch)
+        argv += ["--set", f"comm.timeout_s={a.drill_timeout_s:g}", "--set", f"train.log_every={a.log_every}",
+                 "--set", f"train.state_every={a.state_every}"]
         return argv + extra
 
     def kill_cmd(self) -> list[str]:
         a, d = self.args, self.out / "kill"
         return [*self.launch, *self.py, str(HERE), "train", "--placement", str(self.out / "placement.json"),
                 "--kill-rank", str(self.victim), "--kill-after-epoch", str(a.kill_after_epoch), "--watch-dir",
-                str(d), "--marker", str(self.out / "killed.json"), "--",
-                *self.run_argv(d, ["--set", f"train.state_every={a.state_every}"])]
+                str(d), "--marker", str(self.out / "killed.json"), "--", *self.run_argv(d, [])]
 
     def error_cmd(self) -> list[str]:
         a = self.args
@@ -669,18 +768,44 @@ class Driver:
         if left < 20:
             return None
         print(f"# validate: {time.strftime('%H:%M:%S')} step {name}: {shlex.join(cmd)}", flush=True)
-        s = run_step(Step(name, cmd, env), min(limit, left - 10), self.logs)
+        s = self.current = Step(name, cmd, env)
         self.steps[name] = s
+        run_step(s, min(limit, left - 10), self.logs)
+        self.current = None
         return s
+
+    def add(self, v: dict) -> None:
+        """A verdict, as soon as it is known: printed, and appended to verdicts.jsonl in one write() of an O_APPEND
+        file (a line is never torn or interleaved, and a walltime kill loses no verdict already known)."""
+        self.verdicts.append(v)
+        _append_line(self.journal, v)  # first: the file outlives a closed stdout
+        print(f"validate: {v['id']}: {v['status']}: {v['detail']}", flush=True)
 
     def no_time(self, *qids: str) -> None:
         for q in qids:
-            self.verdicts.append(verdict(q, "skipped", f"no time left in validate's budget "
-                                                       f"(--budget-s {self.args.budget_s:g})"))
+            self.add(verdict(q, "timed out", f"not run: validate's budget (--budget-s {self.args.budget_s:g}) was "
+                                             f"spent by the steps before it"))
 
     def run(self) -> int:
-        a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
+        self.journal.unlink(missing_ok=True)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)  # PBS at the walltime: report what is known
+        try:
+            self._run()
+        except _Terminated:
+            if self.current is not None and self.current.proc is not None:
+                self.current.timed_out = True
+                stop_step(self.current, graces=(2.0, 2.0))
+            answered = {v["id"] for v in self.verdicts}
+            for q in QUESTIONS:
+                if q not in answered:
+                    self.add(verdict(q, "timed out", "the job's walltime ended (SIGTERM) before this check answered"))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return self.report()
+
+    def _run(self) -> None:
+        a = self.args
         plan = {name: (cmd, env) for name, cmd, env in self.plan()}
         # 1. PMI with the supervisor's fork + RMA, shared backend
         s = self.step("pmi_rma_shared", *plan["pmi_rma_shared"], limit=a.step_timeout_s)
@@ -688,24 +813,25 @@ class Driver:
             self.no_time("pmi_supervised", "rma_shared")
         else:
             res = _read_json(self.out / "pmi_rma_shared.json")
-            self.verdicts.append(pmi_verdict("pmi_supervised", s, res, a.nranks, supervised=True))
-            self.verdicts.append(rma_verdict("rma_shared", s, res, "shared", need_hosts=1))
+            self.add(pmi_verdict("pmi_supervised", s, res, a.nranks, supervised=True))
+            self.add(rma_verdict("rma_shared", s, res, "shared", need_hosts=1))
         # 2. a rank killed mid-run; placement and epoch time from the same run
         if "kill" in plan:
             s = self.step("kill", *plan["kill"], limit=a.train_timeout_s + a.drill_timeout_s)
             if s is None:
-                self.no_time("kill_drill", "threads", "gpus", "epoch_time")
+                self.no_time("kill_drill", "threads", "gpus", "loader", "epoch_time")
             else:
                 started = (self.out / "killed.json").exists()
-                self.verdicts.append(drill_verdict("kill_drill", s, self.victim, a.drill_timeout_s, _KILLED, started))
+                self.add(drill_verdict("kill_drill", s, self.victim, a.drill_timeout_s, _KILLED, started))
                 run_json = _read_json(self.out / "kill" / "run.json")
-                self.verdicts += placement_verdicts(_read_json(self.out / "placement.json"), run_json,
-                                                    a.expect_cpus_per_rank)
-                self.verdicts.append(epoch_time_verdict(self.out / "kill" / "metrics.jsonl", run_json,
-                                                        a.drill_config, a.epoch_tolerance))
+                for v in placement_verdicts(_read_json(self.out / "placement.json"), run_json,
+                                            a.expect_cpus_per_rank, s):
+                    self.add(v)
+                self.add(epoch_time_verdict(self.out / "kill" / "metrics.jsonl", run_json, a.drill_config,
+                                            a.epoch_tolerance))
         else:
-            for q in ("kill_drill", "threads", "gpus", "epoch_time"):
-                self.verdicts.append(verdict(q, "skipped", "the kill drill was not requested (--drills)"))
+            for q in ("kill_drill", "threads", "gpus", "loader", "epoch_time"):
+                self.add(verdict(q, "skipped", "the kill drill was not requested (--drills)"))
         # 3. PMI without the fork; RMA, allocate backend, one group over all ranks (across the nodes); if that
         # fails, once more with the workaround that some centres document
         s = self.step("pmi0_rma_allocate", *plan["pmi0_rma_allocate"], limit=a.step_timeout_s)
@@ -713,9 +839,9 @@ class Driver:
             self.no_time("pmi_unsupervised", "rma_allocate")
         else:
             res = _read_json(self.out / "pmi0_rma_allocate.json")
-            self.verdicts.append(pmi_verdict("pmi_unsupervised", s, res, a.nranks, supervised=False))
+            self.add(pmi_verdict("pmi_unsupervised", s, res, a.nranks, supervised=False))
             v = rma_verdict("rma_allocate", s, res, "allocate", need_hosts=min(2, a.expect_hosts))
-            if v["status"] == "fail" and "FI_MR_CACHE_MONITOR" not in os.environ:
+            if v["status"] in ("fail", "timed out") and "FI_MR_CACHE_MONITOR" not in os.environ:
                 cmd, env = plan["pmi0_rma_allocate"]
                 cmd = [c.replace("pmi0_rma_allocate.json", "rma_allocate_mrcache.json") for c in cmd]
                 env = {**env, "FI_MR_CACHE_MONITOR": "disabled"}
@@ -726,25 +852,24 @@ class Driver:
                     v["detail"] += (f"; again with FI_MR_CACHE_MONITOR=disabled: {r['status']} "
                                     f"({r['detail'][:200]})")
                     v["data"]["with_FI_MR_CACHE_MONITOR_disabled"] = {"status": r["status"], "detail": r["detail"]}
-            self.verdicts.append(v)
+            self.add(v)
         # 4. an error on one rank (the fault drill)
         if "error" in plan:
             s = self.step("error", *plan["error"], limit=a.train_timeout_s + a.drill_timeout_s)
             if s is None:
                 self.no_time("error_drill")
             else:
-                self.verdicts.append(drill_verdict("error_drill", s, self.victim, a.drill_timeout_s, _FAILED,
-                                                   started=True))
+                # stopped at its limit before any line named the rank: the run was too slow to reach fail_epoch
+                started = not (s.timed_out and s.first(_FAILED)[0] is None)
+                self.add(drill_verdict("error_drill", s, self.victim, a.drill_timeout_s, _FAILED, started))
         else:
-            self.verdicts.append(verdict("error_drill", "skipped", "the error drill was not requested (--drills)"))
-        return self.report()
+            self.add(verdict("error_drill", "skipped", "the error drill was not requested (--drills)"))
 
     def report(self) -> int:
+        """The final summary: validate.json (every verdict, in QUESTIONS' order, with its data) and one line."""
         order = list(QUESTIONS)
         self.verdicts.sort(key=lambda v: order.index(v["id"]))
-        for v in self.verdicts:
-            print(f"validate: {v['id']}: {v['status']}: {v['detail']}", flush=True)
-        counts = {k: sum(1 for v in self.verdicts if v["status"] == k) for k in ("pass", "fail", "skipped")}
+        counts = {k: sum(1 for v in self.verdicts if v["status"] == k) for k in STATUSES}
         first = _read_json(self.out / "pmi_rma_shared.json") or {}
         doc = {"sagips_validate": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "job_id": os.environ.get("PBS_JOBID"), "nranks": self.args.nranks, "launch": shlex.join(self.launch),
@@ -757,9 +882,29 @@ class Driver:
                "summary": counts, "verdicts": self.verdicts,
                "steps": {k: s.record(self.logs) for k, s in self.steps.items()}}
         _write_json(self.out / "validate.json", doc)
-        print(f"# validate: {counts['pass']} pass, {counts['fail']} fail, {counts['skipped']} skipped; "
-              f"{self.out / 'validate.json'}", flush=True)
-        return 1 if counts["fail"] else 0
+        _append_line(self.journal, {"summary": counts, "validate_json": str(self.out / "validate.json")})
+        print(f"# validate: {counts['pass']} pass, {counts['fail']} fail, {counts['skipped']} skipped, "
+              f"{counts['timed out']} timed out; {self.out / 'validate.json'}", flush=True)
+        return 1 if counts["fail"] or counts["timed out"] else 0
+
+
+class _Terminated(BaseException):
+    """SIGTERM (PBS at the walltime) while a step runs."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def _append_line(path: Path, obj: dict) -> None:
+    """One JSON line appended with a single write() to an O_APPEND file, then fsync: lines are never interleaved."""
+    data = (json.dumps(obj, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _with_env(cmd: list[str], env: dict) -> list[str]:
@@ -808,17 +953,21 @@ def parse(argv: list[str]):
     r.add_argument("--drill-mode", default="rma-arar-arar")
     r.add_argument("--drill-set", action="append", default=[], metavar="KEY=VALUE", help="more sagips.run --set")
     r.add_argument("--drill-timeout-s", type=float, default=60.0, help="the drills' comm.timeout_s")
-    r.add_argument("--kill-after-epoch", type=int, default=500, help="the kill drill's epoch (>= 3 x log_every)")
-    r.add_argument("--state-every", type=int, default=100, help="the kill drill's train.state_every")
-    r.add_argument("--fail-epoch", type=int, default=200, help="the error drill's pipeline.fail_epoch")
+    r.add_argument("--log-every", type=int, default=10, help="the drills' train.log_every (epoch_time's records)")
+    r.add_argument("--state-every", type=int, default=10, help="the drills' train.state_every (the kill's trigger)")
+    r.add_argument("--kill-after-epoch", type=int, default=30, help="the kill drill's epoch (>= 3 x --log-every)")
+    r.add_argument("--fail-epoch", type=int, default=10, help="the error drill's pipeline.fail_epoch")
     r.add_argument("--victim", type=int, default=-1, help="the drills' rank (default: the last)")
     r.add_argument("--expect-cpus-per-rank", type=int, default=0, help="fail unless each rank may run on exactly "
                    "this many cores (Polaris: --depth 8); 0 = no expectation")
     r.add_argument("--expect-hosts", type=int, default=2, help="hosts a cross-node check needs")
     r.add_argument("--epoch-tolerance", type=float, default=2.0, help="epoch time limit, x the paper's")
-    r.add_argument("--step-timeout-s", type=float, default=180.0, help="limit of one MPI step")
-    r.add_argument("--train-timeout-s", type=float, default=360.0, help="limit of a drill's start-up and training")
-    r.add_argument("--budget-s", type=float, default=780.0, help="all steps together (the job asks for 15 min)")
+    r.add_argument("--step-timeout-s", type=float, default=120.0, help="limit of one PMI + RMA step")
+    r.add_argument("--rma-timeout-s", type=float, default=60.0, help="the RMA ranks' watchdog (below the step's "
+                   "limit, so that a hang in the exchange is named by a rank)")
+    r.add_argument("--train-timeout-s", type=float, default=240.0, help="limit of a drill's start-up and training")
+    r.add_argument("--budget-s", type=float, default=480.0, help="all steps together (validate.pbs: 8 of its 10 "
+                   "minutes of compute)")
     r.add_argument("--dry-run", action="store_true", help="print the steps' commands, run nothing (or DRY_RUN=1)")
     k = sub.add_parser("ranks", help="(under the launcher) PMI check and RMA stress")
     k.add_argument("--step", required=True)
@@ -842,6 +991,22 @@ def parse(argv: list[str]):
     return p.parse_args(argv), rest
 
 
+def check_drill_settings(a) -> str | None:
+    """A combination of settings under which a check could never pass, or None."""
+    for item in a.drill_set:
+        key = item.partition("=")[0]
+        if key in DRILL_KEYS:
+            return f"--drill-set {item}: the drills set {key} themselves; use {DRILL_KEYS[key]}"
+    if min(a.log_every, a.state_every, a.kill_after_epoch, a.fail_epoch) < 1:
+        return "--log-every, --state-every, --kill-after-epoch and --fail-epoch must be >= 1"
+    if a.kill_after_epoch < 3 * a.log_every:
+        return (f"--kill-after-epoch {a.kill_after_epoch} < 3 x --log-every {a.log_every}: the kill drill's "
+                f"metrics.jsonl would hold fewer than the 3 records that epoch_time needs")
+    if a.rma_timeout_s >= a.step_timeout_s:
+        return f"--rma-timeout-s {a.rma_timeout_s:g} must be below --step-timeout-s {a.step_timeout_s:g}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
     if args.role == "ranks":
@@ -854,6 +1019,10 @@ def main(argv: list[str] | None = None) -> int:
     args.nranks = args.nranks or _nranks_from(rest)
     if not args.nranks:
         print("validate.py run: no -n in the launch prefix: give --nranks", file=sys.stderr)
+        return 2
+    problem = check_drill_settings(args)
+    if problem:
+        print(f"validate.py run: {problem}", file=sys.stderr)
         return 2
     driver = Driver(args, rest)
     if args.dry_run or os.environ.get("DRY_RUN") == "1":
