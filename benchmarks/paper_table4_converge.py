@@ -48,7 +48,7 @@ import paper_table4 as pt4
 ROOT = pt4.ROOT
 PROFILES = {  # runs per column, epochs, ranks, checkpoint period, h, the calibration's epochs and repetitions
     "converge": {"runs": 5, "epochs": 4000, "ranks": 4, "checkpoint_every": 1000, "outer_every": 1,
-                 "calibrate_epochs": 200, "calibrate_reps": 2},
+                 "calibrate_epochs": 200, "calibrate_reps": 3},
     "converge-smoke": {"runs": 2, "epochs": 4, "ranks": 2, "checkpoint_every": 2, "outer_every": 1,
                        "calibrate_epochs": 4, "calibrate_reps": 1},
 }
@@ -209,6 +209,13 @@ def record(st: Study, col: str, k: int) -> tuple[dict, bool]:
     return rec, True
 
 
+def calibrated(reps: list[dict]) -> float:
+    """A column's seconds per epoch from its calibration repetitions: the fastest one. Other work on the machine
+    only ever adds time (a repetition's seconds vary up to 2.6x with the load average, calibration.json), so the
+    least loaded repetition is the best estimate of the column's own time."""
+    return float(min(r["s_per_epoch"] for r in reps))
+
+
 def calibrate(st: Study, cols: list[str]) -> dict:
     """Seconds per epoch of every column, measured back to back and interleaved by repetition in one sitting;
     kept in calibration.json (delete it to measure again)."""
@@ -235,14 +242,13 @@ def calibrate(st: Study, cols: list[str]) -> dict:
            "ended": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "epochs": e, "reps": reps,
            "ranks": st.prof["ranks"], "code": st.commit, "machine": machine(),
            "env": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")},
-           "columns": {c: {"s_per_epoch": float(np.median([x["s_per_epoch"] for x in rows[c]])), "reps": rows[c]}
-                       for c in cols}}
+           "columns": {c: {"s_per_epoch": calibrated(rows[c]), "reps": rows[c]} for c in cols}}
     st.results.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(cal, indent=1) + "\n")
     return cal
 
 
-def git_commit(paths: list[Path], message: str, repo: Path = ROOT, tries: int = 90) -> bool:
+def git_commit(paths: list[Path], message: str, repo: Path = ROOT, tries: int = 90, wait_s: float = 2.0) -> bool:
     """`git add` + `git commit -- paths` (only these paths: others commit in the same tree), retried while another
     git process holds the index lock. False where nothing changed or git refused for another reason."""
     rel = [str(Path(p).resolve().relative_to(repo.resolve())) for p in paths]
@@ -261,7 +267,7 @@ def git_commit(paths: list[Path], message: str, repo: Path = ROOT, tries: int = 
             err = add.stderr
         if "index.lock" not in err:
             break
-        time.sleep(2)
+        time.sleep(wait_s)
     print(f"paper_table4: git commit of {rel} failed: {err.strip()[-400:]}", flush=True)
     return False
 
@@ -301,7 +307,7 @@ def analyse(records: list[dict], calibration: dict | None, level: float = LEVEL)
     cols: dict[str, dict] = {}
     for c, rs in by.items():
         in_run = float(np.median([seconds_per_epoch(r["curve"]["epoch"], r["curve"]["time_s"]) for r in rs]))
-        t = cal[c]["s_per_epoch"] if c in cal else in_run
+        t = calibrated(cal[c]["reps"]) if c in cal else in_run
         epochs = max(r["epochs"] for r in rs)
         cols[c] = {"runs": len(rs), "seeds": [r["seed"] for r in rs], "epochs": epochs, "s_per_epoch": t,
                    "timing": "calibration" if c in cal else "in-run (loaded)", "in_run_s_per_epoch": in_run,
@@ -376,7 +382,7 @@ def figure(an: dict, path: Path) -> None:
         ax.set_yscale("log")
     axes[1].axvline(an["equal_time_s"] / 60, color="k", lw=0.6)
     axes[0].set_xlabel("epoch")
-    axes[1].set_xlabel("training time per rank [min], each column's calibrated seconds per epoch")
+    axes[1].set_xlabel("training time per rank [min] (epoch x the column's calibrated s/epoch)")
     axes[0].set_ylabel("max_i |r̂_i|, mean over runs ± SE")
     axes[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -389,7 +395,8 @@ def page(an: dict, calibration: dict | None, records: list[dict], prof_name: str
     """Write paper_table4_converge.{md,json,png} from the analysis; the paths written."""
     cols = an["columns"]
     planned = prof["runs"] * (len(MAIN) + len(CONTROL))
-    rec0 = records[0] if records else {}
+    rec0 = records[0] if records else next(iter((calibration or {}).get("columns", {}).values()), {}).get(
+        "reps", [{}])[0]  # the kernels and precision of the runs, not of this process
     L = ["# Table IV at convergence and against the clock (issue 37)", "",
          f"Generated whole by `benchmarks/paper_table4.py --profile {prof_name}` from the run records in "
          f"[paper_table4/converge/](paper_table4/converge/) (module `benchmarks/paper_table4_converge.py`); "
@@ -413,16 +420,24 @@ def page(an: dict, calibration: dict | None, records: list[dict], prof_name: str
               f"taken from each column's seconds per epoch measured in one sitting ({calibration['began']} to "
               f"{calibration['ended']}): every column for {calibration['epochs']} epochs on {calibration['ranks']} "
               f"ranks, back to back, {calibration['reps']} repetition(s) interleaved, the slope from a quarter of "
-              f"the run on (median of the repetitions). Start-up is not counted. These are seconds of this "
+              f"the run on; a column's figure is its fastest repetition (load only adds time). Start-up is not "
+              f"counted. These are seconds of this "
               f"{machine['cores']}-core CPU with {calibration['ranks']} ranks, not of a GPU.", "",
-              "| column | s per epoch | repetitions [ms] | load before → after | the full run [min] |",
+              "| column | s per epoch (fastest) | repetitions [ms] | load before → after | the full run [min] |",
               "|---|---|---|---|---|"]
         for c, x in calibration["columns"].items():
             reps = ", ".join(f"{r['s_per_epoch'] * 1e3:.1f}" for r in x["reps"])
             loads = ", ".join(f"{r['load_before']:.1f} → {r['load_after']:.1f}" for r in x["reps"])
-            L.append(f"| {c} | {x['s_per_epoch']:.4f} | {reps} | {loads} | "
-                     f"{x['s_per_epoch'] * prof['epochs'] / 60:.1f} |")
+            t = calibrated(x["reps"])
+            L.append(f"| {c} | {t:.4f} | {reps} | {loads} | {t * prof['epochs'] / 60:.1f} |")
+        spread = max(max(r["s_per_epoch"] for r in x["reps"]) / calibrated(x["reps"])
+                     for x in calibration["columns"].values())
         L.append("")
+        if spread > 1.15:
+            L += [f"**The calibration is load-bound**: one column's repetitions differ by up to {spread:.2f}x (the "
+                  f"load average in the table), more than the differences between the columns' own work. The "
+                  f"equal-time figures below carry that uncertainty; measure again on a quiet machine (delete "
+                  f"calibration.json, run `--parts calibrate`, then `--page-only`).", ""]
     else:
         L += ["No calibration yet: times below are the runs' own (loaded) seconds per epoch.", ""]
     if cols:
