@@ -569,8 +569,7 @@ class Trainer:
         # as in the paper. In rma-arar-arar the ranks of a group combine what has arrived, so their weights differ
         # between outer epochs by design.
         if self.exchange is not None:
-            with self.ranges(EXCHANGE):
-                self.grads.load_back()
+            self.grads.load_back()  # the H2D copy of the mean: device work of this segment
             skip = ~self.grads.usable()
         else:
             skip = self.grads.ok.eq(0)
