@@ -87,6 +87,12 @@ class Environment(abc.ABC):
     #: whether the generator step's `synthesize` and `g_loss` read the real batch (False: the trainer passes None and
     #: draws none, so no work is thrown away; e.g. proxy1d, whose generator loss sees only synthetic events)
     g_loss_reads_real: bool = True
+
+    def graph_obstacle(self) -> str | None:
+        """Why this environment's step cannot be recorded as a CUDA graph (train.cuda_graph), or None. An environment
+        whose batches come from the host, or whose pipeline reads device values on the host, says so here; `auto`
+        then runs eagerly and says why."""
+        return None
     #: rows per chunk of the critic's passes (set by the trainer from train.chunk_rows; 0 = whole batch); see
     #: `critic_loss` and sagips/chunked.py
     chunk_rows: int = 0

@@ -19,6 +19,7 @@ rate a device tensor). `why_not` names what stands in the way; `auto` then stays
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -55,8 +56,12 @@ class SegmentRunner:
     eagerly, and leaves the reason in `why`; otherwise the error is raised."""
 
     def __init__(self, device: torch.device, enabled: bool, generators: Sequence[torch.Generator] = (),
-                 warmup: int = 3, fallback: bool = True, why: str = ""):
+                 warmup: int = 3, fallback: bool = True, why: str = "", announce: bool = False):
         self.device, self.enabled, self.warmup, self.fallback = device, enabled, warmup, fallback
+        self.announce = announce  #: print the one line of a fallback (rank 0)
+        # A capture cannot run on the default stream, and a stream's lazy setup (e.g. cuBLAS's workspace) must not
+        # happen inside a capture: the warm-up epochs already run on the stream the graphs are recorded on.
+        self.stream = torch.cuda.Stream(device) if enabled else None
         self.generators = [g for g in generators if g.device.type == "cuda"]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -69,8 +74,11 @@ class SegmentRunner:
         return self.enabled and self.steps >= self.warmup
 
     def run(self, i: int, fn: Callable[[], None]) -> None:
-        if not self.recording:
+        if not self.enabled:
             fn()
+            return
+        if not self.recording:
+            self._on_side_stream(fn)
             return
         graph = self.graphs.get(i)
         if graph is None:
@@ -81,6 +89,13 @@ class SegmentRunner:
         graph.replay()
         self.replays += 1
 
+    def _on_side_stream(self, fn: Callable[[], None]) -> None:
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            fn()
+        current.wait_stream(self.stream)  # what follows on the current stream (e.g. GradBuffer.wait) sees it done
+
     def step_done(self) -> None:
         self.steps += 1
 
@@ -90,7 +105,7 @@ class SegmentRunner:
             graph.register_generator_state(gen)
         torch.cuda.synchronize(self.device)
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                 fn()
         except Exception as err:  # noqa: BLE001 - any failure of a recording
             self.graphs.clear()
@@ -99,6 +114,8 @@ class SegmentRunner:
             if not self.fallback:
                 raise GraphCaptureError(f"train.cuda_graph=on: {reason}; use auto or off") from err
             self.why = f"eager: {reason}"
+            if self.announce:
+                print(f"sagips: train.cuda_graph=auto: the step runs eagerly ({reason})", file=sys.stderr, flush=True)
             torch.cuda.synchronize(self.device)
             return None
         if self.pool is None:

@@ -240,7 +240,12 @@ class Trainer:
             self.ema_k.zero_()
         k = self.ema_k
         weight = 1.0 - torch.clamp((1.0 + k) / (10.0 + k), max=self.cfg.train.ema)
-        torch._foreach_lerp_(list(self.G_ema.parameters()), list(base.parameters()), weight)
+        # ema += weight * (G - ema): _foreach_lerp_ would read a tensor weight on the host (no such overload);
+        # _foreach_mul_ has one
+        ema = list(self.G_ema.parameters())
+        diff = torch._foreach_sub(list(base.parameters()), ema)
+        torch._foreach_mul_(diff, weight)
+        torch._foreach_add_(ema, diff)
         for b_ema, b in zip(self.G_ema.buffers(), base.buffers()):
             b_ema.copy_(b)
         k.add_(1.0)
@@ -358,7 +363,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ one epoch
     def step(self, epoch: int) -> dict[str, Any]:
         """One epoch: the plan's device segments (eager, or replayed graphs) and host points, in order. Returns the
-        losses (device tensors) and the exchange's counters; reads the NaN guard only at check epochs."""
+        losses (device tensors: with graphs, the graph's static outputs, which the next epoch overwrites; clone what
+        you keep) and the exchange's counters; reads the NaN guard only at check epochs."""
         if self._plan is None:
             self._plan = self.plan()
             self.graphs = self._segment_runner()
@@ -419,7 +425,7 @@ class Trainer:
             out.append("a wrapped generator (the DDP baseline)")
         if self.delay_s:
             out.append("pipeline.delay_s (a host sleep inside the step)")
-        why = self.env.graph_obstacle() if hasattr(self.env, "graph_obstacle") else None
+        why = self.env.graph_obstacle()
         if why:
             out.append(why)
         return out
@@ -428,9 +434,16 @@ class Trainer:
         from sagips.graph import SegmentRunner, resolve
 
         mode = self.cfg.train.cuda_graph
-        use, why = resolve(mode, self.env.device, self.graph_obstacles() if self.env.device.type == "cuda" else [])
+        cuda = self.env.device.type == "cuda"
+        use, why = resolve(mode, self.env.device, self.graph_obstacles() if cuda else [])
+        if use:  # Optimizer.step refuses a capture unless its groups say so; the fused kernel ignores the flag
+            for opt in (self.opt_g, self.opt_d):
+                for group in opt.param_groups:
+                    group["capturable"] = True
+        elif cuda and self.rank == 0:
+            print(f"sagips: train.cuda_graph={mode}: the step runs eagerly ({why})", file=sys.stderr, flush=True)
         return SegmentRunner(self.env.device, use, generators=[self.env.gen], fallback=mode == "auto", why=why,
-                             warmup=self.cfg.train.cuda_graph_warmup)
+                             warmup=self.cfg.train.cuda_graph_warmup, announce=self.rank == 0)
 
     def checks_at(self, epoch: int) -> bool:
         """Whether the step reads the NaN guard's counts at `epoch` (one device-to-host read)."""

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sagips.config import load
 from sagips.environment import get_environment
@@ -23,6 +24,22 @@ OPTIGAN = ["environment.name=optigan", "environment.photons_per_point=60", "envi
 QUIET = ["train.progress=false", "train.log_every=1000", "train.checkpoint_every=1000", "train.state_every=1000",
          "train.epochs=1000"]
 HOST_READS = ("item", "__bool__", "cpu", "tolist", "__float__", "__int__", "numpy")
+
+
+class ScalarReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value into the host made below Python too (an op that takes a tensor where it
+    wants a number converts it with aten._local_scalar_dense: a sync on a GPU, an error inside a graph capture)."""
+
+    READS = ("_local_scalar_dense", "is_nonzero", "equal")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._overloadpacket.__name__ in self.READS:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def make_trainer(tmp_path, sets=(), exchange=None, device="cpu", seed=1):
@@ -58,10 +75,15 @@ def test_a_non_log_epoch_reads_nothing_on_the_host(tmp_path, monkeypatch, sets, 
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     assert not tr.checks_at(2) and not tr.checks_at(3)
-    tr.step(2)
-    tr.step(3)
+    with ScalarReads() as below:
+        tr.step(2)
+        tr.step(3)
     assert calls == [], f"host reads in a non-log epoch: {calls}"
+    assert below.seen == [], f"host reads below Python in a non-log epoch: {below.seen}"
     monkeypatch.undo()
+    with ScalarReads() as check:
+        assert tr.bad_steps == 0  # a host read (.item()), which the counter must see
+    assert check.seen, "the counter would not notice a host read"
     assert tr.checks_at(10)  # every max_bad_steps epochs the guard is read (one read)
 
 

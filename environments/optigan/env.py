@@ -316,6 +316,13 @@ class OptiGAN(Environment):
         return D.to(self.device)
 
     # -- one epoch ---------------------------------------------------------------------------------------------
+    def graph_obstacle(self) -> str | None:
+        """Why the step cannot be recorded as a CUDA graph (sagips/graph.py), or None: batches that come from the
+        host (a DataLoader's or a host gather's) would be recorded once and replayed as the same batch."""
+        if self.loader == "device":
+            return None
+        return f"environment.loader={self.loader}: batches come from the host and cannot be replayed"
+
     def real_batch(self) -> torch.Tensor:
         """(batch_size, 9) real rows: photon (6) | condition (3), bootstrapped from this rank's rows."""
         if self.loader == "dataloader":
