@@ -378,7 +378,8 @@ class OptiGAN(Environment):
         parts = []  # per chunk: (E[D(real)] - E[D(fake)], penalty) contributions, for the log
 
         def rows(r, f, e):  # every term is a sum over rows / n: the chunks add up to the batch's means
-            w_dist = (D(r).float().sum() - D(f).float().sum()) / n
+            v = D(torch.cat((r, f))).float()  # one critic pass over real and generated rows (no batch statistics)
+            w_dist = (v[:len(r)].sum() - v[len(r):].sum()) / n
             gp = gradient_penalty(D, r[:, :PHOTON_DIM], f[:, :PHOTON_DIM], self.cfg.gp_lambda,
                                   cond=r[:, PHOTON_DIM:], scale=scale, eps=e, rows=n)
             parts.append(torch.stack((w_dist.detach(), gp.detach())))

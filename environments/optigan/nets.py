@@ -93,8 +93,19 @@ class OptiGANGenerator(nn.Module):
             if self.track_excess and torch.is_grad_enabled():
                 over = torch.relu(self.out_lo - out) + torch.relu(out - self.out_hi)
                 self.excess = (over / self.out_std).pow(2).sum(1).mean()
-            out = reflect_into(out, self.out_lo, self.out_hi)
+            out = reflect_into(out, self.out_lo, self.out_hi, self._reflect_constants())
         return onto_unit_sphere(out) if self.unit_direction else out
+
+    def _reflect_constants(self) -> tuple[torch.Tensor, ...]:
+        """reflect_constants of the bounds, made again only where the bounds changed (set_bounds, a state dict
+        load, a move to another device: their version counters or storage differ), never per forward."""
+        lo, hi = self.out_lo, self.out_hi
+        key = (lo._version, hi._version, lo.data_ptr(), hi.data_ptr())
+        cached = self.__dict__.get("_reflect_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, reflect_constants(lo, hi))
+            self.__dict__["_reflect_cache"] = cached
+        return cached[1]
 
     def set_unit_direction(self, on: bool = True) -> None:
         """Make every generated direction a unit vector: dZ as generated, dX and dY rescaled along their own
@@ -204,14 +215,23 @@ class OptiGANGenerator(nn.Module):
         self.model.load_state_dict({k: v.float() for k, v in sd.items()})
 
 
-def reflect_into(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """Columns of `y` with finite bounds folded into [lo, hi] by mirror reflection (a triangle wave of period
-    2 (hi - lo), the method of images: for a crystal with specular lateral faces a straight track unfolded across a
-    face exits at exactly this reflected position). Identity inside [lo, hi]; other columns pass through."""
+def reflect_constants(lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What reflect_into needs of the bounds alone: (finite columns, lower bound (0 where not finite), width (1 where
+    not finite), twice the width). Constants of a run: OptiGANGenerator computes them once per set of bounds."""
     finite = torch.isfinite(lo) & torch.isfinite(hi)
     lo_f = torch.where(finite, lo, torch.zeros_like(lo))
     w = torch.where(finite, hi - lo, torch.ones_like(lo))
-    t = torch.remainder(y - lo_f, 2.0 * w)
+    return finite, lo_f, w, 2.0 * w
+
+
+def reflect_into(y: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                 constants: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+    """Columns of `y` with finite bounds folded into [lo, hi] by mirror reflection (a triangle wave of period
+    2 (hi - lo), the method of images: for a crystal with specular lateral faces a straight track unfolded across a
+    face exits at exactly this reflected position). Identity inside [lo, hi]; other columns pass through.
+    `constants`: reflect_constants(lo, hi), where the caller keeps them."""
+    finite, lo_f, w, w2 = reflect_constants(lo, hi) if constants is None else constants
+    t = torch.remainder(y - lo_f, w2)
     folded = lo_f + w - (t - w).abs()
     return torch.where(finite, folded, y)
 
