@@ -58,10 +58,12 @@ def halve(buf, epoch, weight=1.0):
     return {}
 
 
-@pytest.mark.parametrize("sets", [PROXY, PROXY + ["train.ema=0.9", "train.lr_final=0.1", "environment.d_steps=2"],
-                                  PROXY + ["train.amp=bf16"], OPTIGAN],
-                         ids=["proxy", "proxy-ema-schedule", "proxy-bf16", "optigan"])
-@pytest.mark.parametrize("exchanged", [False, True], ids=["alone", "exchange"])
+@pytest.mark.parametrize("sets, exchanged", [
+    (PROXY, False),  # ensemble: no exchange, the skip decided on the device alone
+    (PROXY + ["train.ema=0.9", "train.lr_final=0.1", "environment.d_steps=2"], True),
+    (PROXY + ["train.amp=bf16"], True),
+    (OPTIGAN, True),  # the gradient penalty's double backward, EMA, the fold
+], ids=["proxy-alone", "proxy-ema-schedule-exchange", "proxy-bf16-exchange", "optigan-exchange"])
 def test_a_non_log_epoch_reads_nothing_on_the_host(tmp_path, monkeypatch, sets, exchanged):
     tr = make_trainer(tmp_path, sets, exchange=halve if exchanged else None)
     tr.step(1)  # epoch 1 checks the environment and logs: host reads are fine there
