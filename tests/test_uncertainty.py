@@ -140,3 +140,9 @@ def test_run_end_diagnostic_reads_the_metrics(tmp_path):
     assert not conv[0]["moving"]
     single = run_end_convergence(tmp_path, {"mode": "arar"}, {"params": [1.0, 0.4]}, ["mu", "res"])
     assert single[0][1]["moving"] is None and single[1].startswith("one rank")
+    # ranks that exchange gradients: their spread is a lower bound of sigma. Movement below it is convergence;
+    # movement above it is not judged (it may be inside the statistical error): the message says how to judge it
+    coupled, what = run_end_convergence(tmp_path, {"mode": "arar"}, final, ["mu", "res"])
+    assert "training noise only" in what
+    assert coupled[0]["moving"] is False and coupled[1]["moving"] is None
+    assert "lower bound" in coupled[1]["message"] and "--ensemble-size" in coupled[1]["message"]
