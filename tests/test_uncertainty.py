@@ -104,7 +104,10 @@ def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
 def test_factor_for_independent_data_sets_and_whole_data():
     assert stats.members_factor(0.5, 4, shared_data=False) == pytest.approx(0.5)
     assert stats.members_factor(1.0, 9, shared_data=True) == pytest.approx(1 / 3)
-    assert stats.seen_fraction(0.5, 2) == pytest.approx(0.75)
+    assert stats.seen_fraction(0.5, 1) == pytest.approx(0.5)
+    # two ranks that exchange gradients at f = 0.5: variance (1 - f) / (R f) = 0.5 sigma_stat^2 -> seen = 2/3
+    assert stats.seen_fraction(0.5, 2) == pytest.approx(2 / 3)
+    assert 1 / stats.seen_fraction(0.5, 4) - 1 == pytest.approx(0.25)
 
 
 def test_diagnostic_flags_a_run_stopped_early_and_passes_a_converged_one():

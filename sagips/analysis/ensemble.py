@@ -334,7 +334,9 @@ def members_at(g: GroupSeries, t: int) -> tuple[np.ndarray, list[float | None]]:
     fraction of the data each member learns from (None: unknown)."""
     rows, seen = [], []
     for run, rp in zip(g.runs, g.rank_preds):
-        f = ((run.info.get("config") or {}).get("environment") or {}).get("subset_fraction")
+        # what the ranks really kept (hvd trains every rank on all the data whatever the config says)
+        f = run.info.get("reference_fraction",
+                         ((run.info.get("config") or {}).get("environment") or {}).get("subset_fraction"))
         if independent_ranks(run):
             rows.extend(rp[t])
             seen.extend([None if f is None else stats.seen_fraction(f, 1)] * len(rp[t]))
