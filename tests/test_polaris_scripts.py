@@ -421,7 +421,7 @@ def _fake_tools(tmp_path, cc_says="nvc 25.9-0 64-bit target on x86-64 Linux"):
     for name in ("python", "python3"):
         (bin_ / name).write_text(FAKE_PYTHON)
         (bin_ / name).chmod(0o755)
-    (bin_ / "cc").write_text(f'#!/bin/sh\necho "{cc_says}"\n')
+    (bin_ / "cc").write_text(f'#!/bin/sh\necho\necho "{cc_says}"\n')  # nvc: a blank line, then the version
     (bin_ / "cc").chmod(0o755)
     (tmp_path / "site").mkdir()
     return {"PATH": f"{bin_}:{os.environ['PATH']}", "FAKE": str(tmp_path), "PE_ENV": "NVIDIA",
@@ -441,7 +441,7 @@ def test_env_sh_rebuilds_an_mpi4py_that_no_longer_imports(tmp_path):
     venv = tmp_path / "venv"
     base = {k: v for k, v in _bare_env().items() if not k.lower().endswith("_proxy")}
     env = {**base, **fake, "FAKE_MPI4PY": "broken", "SAGIPS_VENV": str(venv), "PBS_JOBID": "123.polaris",
-           "SAGIPS_BUILD_IN_JOB": "1"}
+           "SAGIPS_BUILD_IN_JOB": "1", "PE_ENV": "NVHPC"}  # PrgEnv-nvhpc: Polaris's default PE
     r = subprocess.run(["bash", "-c", f'source "{POLARIS}/env.sh"'], env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stderr

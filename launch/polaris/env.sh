@@ -77,19 +77,19 @@ sagips_venv_ok() {
 }
 
 # sagips_check_compiler: the Cray wrapper `cc` drives the compiler of the loaded PrgEnv (ALCF's compiler table:
-# PrgEnv-nvidia -> nvc, PrgEnv-gnu -> gcc), so that a build links the Cray MPICH of that PE. One line on stdout, or
-# one error line.
+# PrgEnv-nvhpc, Polaris's default, and PrgEnv-nvidia -> nvc; PrgEnv-gnu -> gcc), so that a build links the Cray MPICH
+# of that PE. One line on stdout, or one error line.
 sagips_check_compiler() {
     local want first
     case "${PE_ENV:-}" in
-    NVIDIA) want=nvc ;;
+    NVHPC | NVIDIA) want=nvc ;;
     GNU) want=gcc ;;
     CRAY) want=Cray ;;
     AOCC) want=AMD ;;
     *) _sagips_env_fail "PE_ENV='${PE_ENV:-}': no PrgEnv module loaded (module load PrgEnv-nvidia), so the compiler" \
         "of a build is unknown"; return 1 ;;
     esac
-    first=$(cc --version 2>/dev/null | head -n 1)
+    first=$(cc --version 2>/dev/null | grep -m 1 .)  # nvc prints a blank line before its version
     if [[ "$first" != *"$want"* ]]; then
         _sagips_env_fail "cc is '${first:-not found}', not $want of PrgEnv-${PE_ENV,,}: load the PrgEnv that matches" \
             "(module load PrgEnv-${PE_ENV,,}) before building mpi4py"
