@@ -144,6 +144,7 @@ def test_verdicts_survive_a_walltime_kill_in_the_middle(tmp_path):
     assert late and all("walltime" in v["detail"] for v in late) and "kill_drill" in {v["id"] for v in late}
     assert summary["summary"]["timed out"] == len(late)
     assert json.loads((out / "validate.json").read_text())["steps"]["kill"]["timed_out"] is True
+    assert (out / "logs" / "kill.log").read_text().startswith("# ")  # the cut-off step's log is written too
 
 
 def test_drill_settings_that_cannot_pass_are_refused():

@@ -431,20 +431,22 @@ def run_step(step: Step, timeout_s: float, log_dir: Path) -> Step:
     for t in pumps:
         t.start()
     try:
-        step.rc = p.wait(timeout=max(timeout_s, 1.0))
-    except subprocess.TimeoutExpired:
-        step.timed_out = True
-        stop_step(step)
-    step.t_end = time.time()
-    step.wall_s = step.t_end - step.t_start
-    for t in pumps:
-        t.join(timeout=5)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"{step.name}.log", "w") as fh:
-        fh.write(f"# {shlex.join(step.cmd)}\n# env {step.env}\n# rc {step.rc}, {step.wall_s:.1f} s"
-                 f"{', timed out' if step.timed_out else ''}\n")
-        for t, s, line in step.lines:
-            fh.write(f"{t - step.t_start:9.3f} {s} {line}\n")
+        try:
+            step.rc = p.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            step.timed_out = True
+            stop_step(step)
+    finally:  # also when PBS's SIGTERM cuts the step off: its log is the one a user needs
+        step.t_end = time.time()
+        step.wall_s = step.t_end - step.t_start
+        for t in pumps:
+            t.join(timeout=5)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / f"{step.name}.log", "w") as fh:
+            fh.write(f"# {shlex.join(step.cmd)}\n# env {step.env}\n# rc {step.rc}, {step.wall_s:.1f} s"
+                     f"{', timed out' if step.timed_out else ''}\n")
+            for t, s, line in step.lines:
+                fh.write(f"{t - step.t_start:9.3f} {s} {line}\n")
     return step
 
 
