@@ -161,7 +161,8 @@ def page(data: dict) -> str:
     for case in dict.fromkeys(r["case"] for r in data["rows"]):
         pair = {r["cuda_graph"]: r for r in data["rows"] if r["case"] == case}
         if "off" in pair and "on" in pair:
-            lines.append(f"\n{case}: the recorded step takes **{pair['on']['ms_per_epoch'] / pair['off']['ms_per_epoch']:.2f}x** "
+            ratio = pair["on"]["ms_per_epoch"] / pair["off"]["ms_per_epoch"]
+            lines.append(f"\n{case}: the recorded step takes **{ratio:.2f}x** "
                          "the eager epoch's time.")
     if data.get("jobs"):
         lines += ["", "make run's job, 4 ranks sharing the GPU:", "", "| cuda_graph | epochs | epochs/s per rank "

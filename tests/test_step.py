@@ -193,7 +193,8 @@ def _two_ranks(tmp_path, poison, epochs=4):
 
 def test_nan_guard_one_poisoned_rank_applies_the_others_mean_on_both(tmp_path):
     trainers, hist = _two_ranks(tmp_path, poison={1: 2}, epochs=3)
-    assert [tr.guard.take()["bad_grad"] for tr in trainers] == [0, 2]  # epochs 2 and 3: its weights hold a NaN from then on
+    # epochs 2 and 3: its weights hold a NaN from then on
+    assert [tr.guard.take()["bad_grad"] for tr in trainers] == [0, 2]
     for epoch in (2, 3):  # rank 1 contributes zeros with weight 0: both ranks step on rank 0's gradient
         (b0, a0), (b1, a1) = hist[(0, epoch)], hist[(1, epoch)]
         assert all(torch.isfinite(a).all() for a in a0)
