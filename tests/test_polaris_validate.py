@@ -309,3 +309,15 @@ def test_epoch_time_verdict(tmp_path):
     m.write_text("".join(json.dumps({"epoch": e, "time_s": 0.03 * e}) + "\n" for e in (1, 100, 200, 300)))
     assert V.epoch_time_verdict(m, {"device": "cuda:0"}, "configs/proxy1d.yaml", 2.0)["status"] == "pass"
     assert V.epoch_time_verdict(m, {"device": "cpu"}, "configs/proxy1d.yaml", 2.0)["status"] == "skipped"
+
+
+def test_an_out_that_holds_an_earlier_validation_is_refused(tmp_path):
+    """An earlier validation's files in --out (its placement, PMI reports, kill marker) would answer this one's
+    questions: refused with one line, before anything runs."""
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "killed.json").write_text("{}")
+    r = subprocess.run([sys.executable, str(VALIDATE), "run", "--out", str(out), "--nranks", "1", "--", "mpiexec"],
+                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "is not empty" in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["killed.json"]  # nothing written

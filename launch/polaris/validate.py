@@ -789,8 +789,13 @@ class Driver:
                                              f"spent by the steps before it"))
 
     def run(self) -> int:
+        if self.out.is_dir() and any(self.out.iterdir()):
+            # an earlier validation's files (its placement, PMI reports, kill marker, drill states) would answer this
+            # one's questions: a pass from old data, or a kill drill that fires at once
+            print(f"validate: error: --out {self.out} is not empty (an earlier validation?); give an empty or new "
+                  f"directory (validate.pbs makes one per job)", file=sys.stderr, flush=True)
+            return 2
         self.out.mkdir(parents=True, exist_ok=True)
-        self.journal.unlink(missing_ok=True)
         previous = signal.signal(signal.SIGTERM, _raise_terminated)  # PBS at the walltime: report what is known
         try:
             self._run()
