@@ -68,7 +68,9 @@ def supervise() -> None:
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARD)
     child = os.fork()
     if child == 0:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        # the launcher's mask, but never with the forwarded signals blocked: a rank started with SIGTERM blocked
+        # (inherited from whatever launched it) would never see the batch system's stop
+        signal.pthread_sigmask(signal.SIG_SETMASK, set(old_mask) - set(_FORWARD))
         os.environ["SAGIPS_SUPERVISED"] = "1"
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -87,7 +89,7 @@ def _wait_and_report(child: int, rank: int, old_mask) -> None:
 
     for sig in _FORWARD:
         signal.signal(sig, forward)
-    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set(old_mask) - set(_FORWARD))  # (as in the child)
     while True:
         try:
             _, status = os.waitpid(child, 0)

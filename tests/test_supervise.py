@@ -24,9 +24,11 @@ time.sleep(60)
 """
 
 
-def start(**env):
+def start(blocked=(), **env):
+    """The rank, launched with `blocked` signals blocked (a launcher's inherited mask)."""
     p = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PMI_RANK": "3", **env})
+                         env={**os.environ, "PMI_RANK": "3", **env},
+                         preexec_fn=(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, blocked)) if blocked else None)
     worker, parent = map(int, p.stdout.readline().split())
     return p, worker, parent
 
@@ -56,8 +58,11 @@ def test_a_killed_worker_is_named_and_its_parent_dies_the_same_way():
     assert "rank 3 (pid" in err and "SIGKILL: kill -9 or the out-of-memory killer" in err and "--resume" in err
 
 
-def test_sigterm_to_the_launched_process_reaches_the_worker():
-    p, worker, _ = start()
+@pytest.mark.parametrize("blocked", [(), (signal.SIGTERM,)], ids=["plain", "launched-with-sigterm-blocked"])
+def test_sigterm_to_the_launched_process_reaches_the_worker(blocked):
+    # a SIGTERM blocked in what launched the rank (seen once in a full test run: pytest's own mask, inherited) must
+    # not keep the batch system's stop from the worker
+    p, worker, _ = start(blocked)
     p.send_signal(signal.SIGTERM)  # what mpiexec/PBS do
     out, err = p.communicate(timeout=30)
     assert "worker got 15" in out and p.returncode == 143 and "killed by signal" not in err
