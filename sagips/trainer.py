@@ -447,9 +447,8 @@ class Trainer:
 
     def checks_at(self, epoch: int) -> bool:
         """Whether the step reads the NaN guard's counts at `epoch` (one device-to-host read)."""
-        t = self.cfg.train
-        return (epoch % t.max_bad_steps == 0 or self.logs_at(epoch) or epoch % t.state_every == 0
-                or epoch == t.epochs or self.stop_requested)
+        # (state epochs read it in save_state: the saved stats are current there)
+        return epoch % self.cfg.train.max_bad_steps == 0 or self.logs_at(epoch)
 
     def check_guard(self, epoch: int) -> None:
         """Read the NaN guard: add its counts to the run's, and stop (NonFiniteError) after max_bad_steps bad
@@ -502,12 +501,13 @@ class Trainer:
         self.d_grads.zero_()
         self.scaler_d.scale(loss_d).backward()
         self.scaler_d.unscale_(self.opt_d)
-        bad = ~torch.isfinite(loss_d)
+        bad_loss = ~torch.isfinite(loss_d)
+        bad = bad_loss
         if self.scaler_d.is_enabled():  # fp16: an overflowed gradient is skipped too, as GradScaler.step would
             bad = bad | ~torch.isfinite(self.d_grads.flat).all()
         self._optimizer_step(self.opt_d, bad)
         self.scaler_d.update()
-        self.guard.critic(~torch.isfinite(loss_d))
+        self.guard.critic(bad_loss)
 
     def _critic_backward(self) -> None:
         """hvd: the critic's backward, its NaN guard, and the D2H copy of its gradients for the exchange."""
