@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
+from sagips.analysis.stats import P68, P95, interval_factor  # noqa: E402
 from sagips.io import atomic  # noqa: E402
 
 CASES = {  # case -> (--config, sagips.data environment name)
@@ -67,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=20, help="K reference data sets per case (default 20)")
     p.add_argument("--members", type=int, default=4, help="M members per replica (default 4)")
     p.add_argument("--noise-samples", type=int, default=1024, help="sagips.analyze --noise-samples")
+    p.add_argument("--final-noise-samples", type=int, default=16384, help="sagips.analyze --final-noise-samples")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set for every run")
     p.add_argument("--events", type=int, default=None, help="events per reference data set (default: the case's "
                    "environment.reference_events)")
@@ -141,6 +143,8 @@ def ml_reference(case: str, data_file: Path, truth: np.ndarray, env_cfg) -> dict
 def profile(args: argparse.Namespace, case: str) -> dict:
     prof = {"case": case, "config": CASES[case][0], "members": args.members, "noise_samples": args.noise_samples,
             "set": list(args.set), "events": args.events}
+    if args.final_noise_samples != args.noise_samples:  # (profiles from before it existed had p^ on noise_samples)
+        prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
     return prof
 
@@ -156,7 +160,7 @@ def env_config(case: str, sets: list[str]):
 
 def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) -> dict:
     """Data, M members, sagips.analyze and the ML fit for replica k of `case`: the record of its JSON."""
-    from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_group
+    from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group
     from sagips.data import main as data_main
 
     seed = 1000 + k
@@ -180,14 +184,16 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
                          f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}")
     # what sagips.analyze RUN computes for its p^ +- sigma section (the same functions, without its figures)
     g = predict_group("coverage", [load_run(d) for d in expand_run_dirs([run])], args.noise_samples, 0)
-    u, conv = group_uncertainty(g)
+    final = predict_final(g, max(args.final_noise_samples, args.noise_samples), 0)
+    u, conv = group_uncertainty(g, final=final)
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
     return {"case": case, "replica": k, "seed": seed, "profile": profile(args, case), "events": events,
             "names": [c["name"] for c in conv], "truth": truth.tolist(),
             "gan": {"p_hat": u.p_hat.tolist(), "sigma": u.sigma.tolist(), "members": u.members.tolist(),
                     "scatter": u.scatter.tolist(), "ranks": [None if not math.isfinite(x) else x for x in u.ranks],
-                    "drift": u.drift.tolist(), "n_members": u.n_members, "factor": u.factor,
+                    "drift": u.drift.tolist(), "sampling": u.sampling.tolist(), "noise_samples": final.noise_samples,
+                    "n_members": u.n_members, "factor": u.factor, "k68": u.k68, "k95": u.k95,
                     "spread_from": u.spread_from, "notes": u.notes},
             "moving": [c["moving"] for c in conv],
             "ml": ml, "wall_s": round(time.perf_counter() - t0, 1),
@@ -213,7 +219,15 @@ def stats_of(recs: list[dict]) -> list[dict]:
         p = np.array([r["gan"]["p_hat"][i] for r in recs])
         s = np.array([r["gan"]["sigma"][i] if r["gan"]["sigma"][i] else np.nan for r in recs])
         pull = (p - t) / s
+        # the intervals analyze quotes: +-k68 sigma and +-k95 sigma (Student's t with M - 1 degrees of freedom)
+        k68 = np.array([r["gan"].get("k68") or interval_factor(P68, r["gan"]["n_members"] - 1) for r in recs])
+        k95 = np.array([r["gan"].get("k95") or interval_factor(P95, r["gan"]["n_members"] - 1) for r in recs])
+        fin = np.isfinite(pull)
         row = {"name": name, "n": len(recs), "pull_mean": float(np.nanmean(pull)),
+               "cover68": float(np.mean(np.abs(pull[fin]) <= k68[fin])),
+               "cover95": float(np.mean(np.abs(pull[fin]) <= k95[fin])),
+               "noise_over_sigma": float(np.median([r["gan"]["sampling"][i] / r["gan"]["sigma"][i] for r in recs]))
+               if all("sampling" in r["gan"] for r in recs) else None,
                "pull_width": float(np.nanstd(pull, ddof=1)) if len(recs) > 1 else None,
                # the half-width of the pulls' central 68 %: a Gaussian's std, but robust to the heavy tails that
                # an honest sigma from M members has (Student's t with M - 1 degrees of freedom: std 1.73 at M = 4)
@@ -234,6 +248,15 @@ def stats_of(recs: list[dict]) -> list[dict]:
     return out
 
 
+def expected(members: int) -> dict:
+    """What the pulls of an exact sigma from M members look like: Student's t with M - 1 degrees of freedom."""
+    from scipy import stats as st
+
+    d = members - 1
+    return {"std": math.sqrt(d / (d - 2)) if d > 2 else math.inf, "hw68": float(st.t.ppf(0.5 + P68 / 2, d)),
+            "cover1": float(st.t.cdf(1, d) - st.t.cdf(-1, d)), "cover2": float(st.t.cdf(2, d) - st.t.cdf(-2, d))}
+
+
 def _f(x, spec):
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
@@ -241,7 +264,7 @@ def _f(x, spec):
 def page(out: Path) -> str:
     from benchmarks.loop_closure import machine
 
-    recs = [json.loads(p.read_text()) for p in sorted((out / "coverage").glob("*.json"))]
+    recs = [json.loads(p.read_text()) for p in sorted((out / "coverage").glob("**/*.json"))]
     m = machine()
     lines = ["# Calibration of p̂ ± σ: pulls and coverage (benchmarks/coverage.py)", "",
              "Generated whole by `python benchmarks/coverage.py` from `coverage/*.json` (one file per replica); "
@@ -251,7 +274,11 @@ def page(out: Path) -> str:
              "Each replica: one reference data set (seed 1000+k) at the case's truth, one job of M members "
              "(`--mode ensemble --ensemble-size M`, 1 rank each, the data file shared), `sagips.analyze` → p̂ ± σ, and "
              "the ML fit on the same events with its Fisher σ. Pull = (p̂ − p_true)/σ. Target: pull width "
-             f"{PULL_WIDTH[0]}–{PULL_WIDTH[1]}, coverage of ±1σ {100 * COVER_1[0]:.0f}–{100 * COVER_1[1]:.0f} %.", ""]
+             f"{PULL_WIDTH[0]}–{PULL_WIDTH[1]}, coverage of ±1σ {100 * COVER_1[0]:.0f}–{100 * COVER_1[1]:.0f} %.", "",
+             "σ from M members is itself an estimate with M − 1 degrees of freedom, so even an exact σ gives pulls "
+             "that follow Student's t, not a unit Gaussian: the row *exact σ, M members* gives what to expect. "
+             "sagips.analyze therefore also quotes the 68 % and 95 % intervals ±k68σ and ±k95σ (Student's t); the "
+             "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %).", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     by: dict[tuple, list[dict]] = {}
@@ -259,12 +286,17 @@ def page(out: Path) -> str:
         by.setdefault((r["case"], r["profile"]["id"]), []).append(r)
     for (case, pid), rs in by.items():
         prof = rs[0]["profile"]
+        kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
-                  f"settings {' '.join(prof['set']) or 'the preset'})", "",
+                  f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors)", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all.", "",
-                  "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | "
-                  "σ_GAN/σ_ML (median) | rms error GAN / ML | ML pull width | still moving | verdict |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | ±k68σ | "
+                  "±k95σ | σ_GAN/σ_ML (median) | rms error GAN / ML | ML pull width | noise / σ (median) | "
+                  "still moving | verdict |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        e = expected(int(prof["members"]))
+        lines.append(f"| *exact σ, M = {prof['members']} members* | | 0 | {e['std']:.2f} | {e['hw68']:.2f} | "
+                     f"{100 * e['cover1']:.0f} % | {100 * e['cover2']:.0f} % | 68 % | 95 % | | | | | | |")
         for row in stats_of(rs):
             ok = (row["pull_width"] is not None and PULL_WIDTH[0] <= row["pull_width"] <= PULL_WIDTH[1]
                   and COVER_1[0] <= row["cover1"] <= COVER_1[1])
@@ -274,9 +306,11 @@ def page(out: Path) -> str:
                 verdict = "met" if ok else "missed"
             lines.append(f"| {row['name']} | {row['n']} | {row['pull_mean']:+.2f} | {_f(row['pull_width'], '.2f')} | "
                          f"{_f(row['pull_width68'], '.2f')} | "
-                         f"{100 * row['cover1']:.0f} % | {100 * row['cover2']:.0f} % | {_f(row['ratio'], '.2f')} | "
+                         f"{100 * row['cover1']:.0f} % | {100 * row['cover2']:.0f} % | "
+                         f"{100 * row['cover68']:.0f} % | {100 * row['cover95']:.0f} % | {_f(row['ratio'], '.2f')} | "
                          f"{row['gan_err_rms'] / row['ml_err_rms'] if row['ml_err_rms'] else float('nan'):.2f} | "
-                         f"{_f(row['ml_pull_width'], '.2f')} | {row['moving']}/{row['n']} | {verdict} |")
+                         f"{_f(row['ml_pull_width'], '.2f')} | {_f(row['noise_over_sigma'], '.2f')} | "
+                         f"{row['moving']}/{row['n']} | {verdict} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

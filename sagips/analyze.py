@@ -37,12 +37,14 @@ from sagips.analysis import stats
 from sagips.analysis.ensemble import (
     GROUP_KEYS,
     AnalysisError,
+    FinalPrediction,
     GroupSeries,
     check_runs,
     expand_run_dirs,
     group_runs,
     group_uncertainty,
     load_run,
+    predict_final,
     predict_group,
 )
 
@@ -72,7 +74,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="sagips.run output directories")
     p.add_argument("--out", required=True, metavar="DIR", help="where the summary and figures go (created)")
     p.add_argument("--noise-samples", type=_positive_int, default=1024, metavar="K",
-                   help="noise vectors per generator, the same for every generator (default 1024)")
+                   help="noise vectors per generator at every checkpoint, the same for every generator (default 1024)")
+    p.add_argument("--final-noise-samples", type=_positive_int, default=16384, metavar="K",
+                   help="noise vectors for the quoted p̂ ± σ at the last checkpoint (default 16384): a generator maps "
+                        "its noise to a spread of parameters, so p̂ carries a Monte-Carlo error that falls as 1/sqrt(K) "
+                        "(the column `noise`)"),
     p.add_argument("--group-by", choices=GROUP_KEYS, default="mode",
                    help="run.json field that forms the ensembles (default: mode)")
     p.add_argument("--resamples", type=_positive_int, default=300, metavar="S",
@@ -99,8 +105,10 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> dict[str, Any]:
-    """Every number of one group: eqs. 6-8 at each time step, the final row of the table, the resampling study."""
+def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
+                  final: FinalPrediction | None = None) -> dict[str, Any]:
+    """Every number of one group: eqs. 6-8 at each time step, the final row of the table, the resampling study, and
+    p^ +- sigma (from `final`, the last checkpoint on a larger noise batch, when given)."""
     res = [g.at(t) for t in range(len(g.epochs))]
     last = res[-1]
     n = len(g.runs)
@@ -118,7 +126,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> d
             rs["ellipse95_1e3"].append(stats.confidence_ellipse(spread, rmse, 0.95))
     rates = [r.rate() for r in g.runs]
     known = [x for x in rates if x is not None]
-    u, conv = group_uncertainty(g)
+    u, conv = group_uncertainty(g, final=final)
     return {
         "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
         "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
@@ -132,11 +140,13 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator) -> d
         "final": {"epoch": int(g.epochs[-1]), "time_s": float(g.time_s[-1]), "p_hat": last.p_hat,
                   "sigma": last.sigma, "residual_1e3": last.residual * 1e3,
                   "residual_sigma_1e3": last.residual_sigma * 1e3},
-        "uncertainty": {"epoch": int(g.epochs[-1]), "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
+        "uncertainty": {"epoch": int(g.epochs[-1]),
+                        "noise_samples": final.noise_samples if final is not None else len(g.preds[-1][0]),
+                        "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
                         "members": u.members, "scatter": u.scatter, "ranks": u.ranks, "drift": u.drift,
-                        "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
+                        "sampling": u.sampling, "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
-                        "notes": u.notes},
+                        "dof": u.dof, "k68": u.k68, "k95": u.k95, "notes": u.notes},
         "convergence": conv,
         "rmse_vs_spread": rs,
         "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
@@ -162,6 +172,11 @@ def rate_rows(runs, group_of: dict[str, str]) -> tuple[list[dict], list[dict]]:
     return per_run, agg
 
 
+def final_k(args: argparse.Namespace) -> int:
+    """Noise vectors for the quoted p^ +- sigma at the last checkpoint: never fewer than the series'."""
+    return max(args.final_noise_samples, args.noise_samples)
+
+
 def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     runs = [r for g in series for r in g.runs]
@@ -172,11 +187,11 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
         "sagips_analysis": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": runs[0].environment,
-        "settings": {"noise_samples": args.noise_samples, "group_by": args.group_by, "resamples": args.resamples,
+        "settings": {"noise_samples": args.noise_samples, "final_noise_samples": final_k(args), "group_by": args.group_by, "resamples": args.resamples,
                      "seed": args.seed},
         "parameters": (list(series[0].names) if series[0].names and len(series[0].names) == n_par
                        else [f"r_{i}" for i in range(n_par)]),
-        "groups": [group_summary(g, args.resamples, rng) for g in series],
+        "groups": [group_summary(g, args.resamples, rng, predict_final(g, final_k(args), args.seed)) for g in series],
         "runs": per_run,
         "analysis_rate_by_world_size": agg,
     }
@@ -264,27 +279,39 @@ def quotable(summary: dict[str, Any]) -> list[str]:
     """The section "p̂ ± σ per parameter": the estimate to quote, its σ and σ's parts, and the convergence
     diagnostic, one table per group (docs/analysis.md, "What σ contains")."""
     lines = ["## Parameters: p̂ ± σ (what to quote)", "",
-             ("σ = sqrt(spread² + drift²): the spread between independent members turned into the error of their "
-              "mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
-              "without members), and the drift of p̂ over the last "
-              f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs. Pull = (p̂ − truth)/σ.")]
+             ("σ = sqrt(spread² + drift² + noise²): the spread between independent members turned into the error of "
+              "their mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
+              "without members), the drift of p̂ over the last "
+              f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs, and the Monte-Carlo error of p̂ from the K noise "
+              "vectors it averages (noise; --noise-samples makes it smaller). Pull = (p̂ − truth)/σ.")]
     for g in summary["groups"]:
         u = g["uncertainty"]
         how = f" (members = scatter × {u['factor']:.3f})" if u["spread_from"] == "members" else ""
         lines += ["", f"### {g['name']}: {u['n_members']} member(s), σ from {u['spread_from']}{how}, "
-                      f"epoch {u['epoch']}", "",
-                  "| parameter | truth | p̂ ± σ | members | ranks | drift | pull | convergence |",
-                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+                      f"epoch {u['epoch']}, K = {u['noise_samples']} noise vectors", "",
+                  "| parameter | truth | p̂ ± σ | 68 % / 95 % interval | members | ranks | drift | noise (K) | pull | "
+                  "convergence |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for i, name in enumerate(summary["parameters"]):
             c = g["convergence"][i]
             state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
             z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
             lines.append(f"| {name} | {g['truth'][i]:.6g} | {_g(u['p_hat'][i])} ± {_g(u['sigma'][i])} | "
-                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | "
+                         f"±{_g(u['k68'] * u['sigma'][i])} / ±{_g(u['k95'] * u['sigma'][i])} | "
+                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | {_g(u['sampling'][i])} | "
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
-        lines += [""] + [f"- {n}" for n in u["notes"]] + [f"- {c['message']}" for c in g["convergence"]
+        lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]] + [f"- {c['message']}" for c in g["convergence"]
                                                            if c["moving"] is not False]
     return lines
+
+
+def t_note(u: dict[str, Any]) -> str:
+    """One line: how sure sigma itself is, and the intervals to quote (Student's t with M - 1 degrees of freedom)."""
+    if u["spread_from"] != "members":
+        return "the intervals are ±σ and ±2σ: σ is not estimated from independent members (see the notes)"
+    return (f"σ is estimated from {u['n_members']} members ({u['dof']:.0f} degrees of freedom), so it is itself "
+            f"uncertain (by about ±{100 / math.sqrt(2 * u['dof']):.0f} %): the 68 % interval is ±{u['k68']:.2f}σ and the "
+            f"95 % interval ±{u['k95']:.2f}σ (Student's t); more members bring them to ±1σ and ±2σ")
 
 
 def _g(x: float | None) -> str:

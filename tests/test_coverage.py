@@ -15,6 +15,10 @@ def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatc
     assert rec["names"] == ["tau", "resolution"] and rec["gan"]["n_members"] == 2
     assert rec["gan"]["spread_from"] == "members" and all(s > 0 for s in rec["ml"]["sigma"])
     assert abs(rec["ml"]["p"][0] - 1.0) < 6 * rec["ml"]["sigma"][0]  # the ML fit of 4,000 events finds tau
+    # p^ on the larger final noise batch, whose Monte-Carlo error is a part of sigma; the t interval of 1 dof
+    assert rec["gan"]["noise_samples"] == 16384 and len(rec["gan"]["sampling"]) == 2
+    assert all(s >= m for s, m in zip(rec["gan"]["sigma"], rec["gan"]["sampling"]))
+    assert abs(rec["gan"]["k68"] - 1.8373) < 1e-3  # scipy.stats.t.ppf(0.8413, 1)
     stamps = [f.stat().st_mtime_ns for f in files]
 
     def no_training(*a, **k):
@@ -25,3 +29,4 @@ def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatc
     assert [f.stat().st_mtime_ns for f in files] == stamps
     page = (tmp_path / "coverage.md").read_text()
     assert "## smear1d (profile " in page and "| tau | 1 |" in page and "coverage.notes.md" in page
+    assert "| *exact σ, M = 2 members* |" in page

@@ -85,6 +85,10 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     np.testing.assert_allclose(u["drift"], drift, rtol=1e-3, atol=2e-6)
     np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + drift ** 2), rtol=1e-3, atol=2e-6)
     assert u["ranks"] == [None] * 6  # one rank per run: no spread inside a run
+    assert u["sampling"] == pytest.approx([0.0] * 6, abs=1e-7)  # every noise vector gives the same prediction
+    from scipy import stats as st
+    assert u["dof"] == 3 and u["k68"] == pytest.approx(st.t.ppf(0.5 + 0.6826895 / 2, 3), rel=1e-5)
+    assert u["k95"] == pytest.approx(st.t.ppf(0.5 + 0.9544997 / 2, 3), rel=1e-5)
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "## Parameters: p̂ ± σ (what to quote)" in md and (tmp_path / "rep" / "uncertainty.png").stat().st_size
 
@@ -149,3 +153,51 @@ def test_run_end_diagnostic_reads_the_metrics(tmp_path):
     assert "training noise only" in what
     assert coupled[0]["moving"] is False and coupled[1]["moving"] is None
     assert "lower bound" in coupled[1]["message"] and "--ensemble-size" in coupled[1]["message"]
+
+
+def test_t_quantile_against_scipy():
+    from scipy import stats as st
+    for dof in (1, 2, 3, 4, 7, 19, 100, 5000, math.inf):
+        for q in (0.5, 0.8413, 0.97725, 0.995):
+            want = st.t.ppf(q, dof) if math.isfinite(dof) else st.norm.ppf(q)
+            assert stats.t_quantile(q, dof) == pytest.approx(want, rel=1e-6, abs=1e-9), (dof, q)
+    assert stats.interval_factor(stats.P68, math.inf) == pytest.approx(1.0, abs=1e-9)
+    with pytest.raises(ValueError):
+        stats.t_quantile(0.3, 3)
+
+
+def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_path, truth):
+    """Generators that map their noise to a spread of parameters: the Monte-Carlo error analyze reports for K noise
+    vectors must match how much p^ really moves from one noise batch (analyze --seed) to the next."""
+    from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group
+
+    env, cfg = proxy1d()
+    info = {"environment": "proxy1d", "mode": "ensemble", "world_size": 2, "member": 0,
+            "truth": list(cfg.true_params), "config": {"seed": 1, "environment": {"name": "proxy1d", **ENV}}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps(info))
+    torch.manual_seed(3)
+    for rank in range(2):
+        G = env.build_generator()
+        with torch.no_grad():
+            G[-2].weight.mul_(3e3)  # the output now follows the noise (noise_scale 0.01): a spread of parameters
+        for epoch in (1, 10):
+            save_checkpoint(run, rank, epoch, float(epoch), G, "proxy1d")
+    runs = [load_run(d) for d in expand_run_dirs([run])]
+    k = 64
+    hats, errs = [], []
+    for seed in range(40):
+        g = predict_group("g", runs, 8, seed)
+        u, _ = group_uncertainty(g, final=predict_final(g, k, seed))
+        hats.append(u.p_hat)
+        errs.append(u.sampling)
+    moved, claimed = np.std(hats, axis=0, ddof=1), np.mean(errs, axis=0)
+    assert np.all(claimed > 0)
+    # 40 batches: the sample std is within ~25 % of the true one (2 sigma); the claimed error within 10 %
+    np.testing.assert_allclose(moved / claimed, 1.0, atol=0.35)
+    # and it falls as 1/sqrt(K)
+    g = predict_group("g", runs, 8, 0)
+    u4 = group_uncertainty(g, final=predict_final(g, 4 * k, 0))[0]
+    np.testing.assert_allclose(u4.sampling / claimed, 0.5, atol=0.15)
+    assert np.all(u4.sigma >= u4.sampling)

@@ -332,42 +332,78 @@ def members_at(g: GroupSeries, t: int) -> tuple[np.ndarray, list[float | None]]:
     """The independent members of a group at time step t, (M, P), each averaged over the noise: every rank of a
     `--mode ensemble` run, every other run as one member (its ranks exchange, so they are one estimate); and the
     fraction of the data each member learns from (None: unknown)."""
+    return _members(g.runs, [rp[t] for rp in g.rank_preds])
+
+
+def _members(runs: Sequence[Run], rank_rows: Sequence[np.ndarray]) -> tuple[np.ndarray, list[float | None]]:
     rows, seen = [], []
-    for run, rp in zip(g.runs, g.rank_preds):
+    for run, rp in zip(runs, rank_rows):
         # what the ranks really kept (hvd trains every rank on all the data whatever the config says)
         f = run.info.get("reference_fraction",
                          ((run.info.get("config") or {}).get("environment") or {}).get("subset_fraction"))
         if independent_ranks(run):
-            rows.extend(rp[t])
-            seen.extend([None if f is None else stats.seen_fraction(f, 1)] * len(rp[t]))
+            rows.extend(rp)
+            seen.extend([None if f is None else stats.seen_fraction(f, 1)] * len(rp))
         else:
-            rows.append(rp[t].mean(axis=0))
-            seen.append(None if f is None else stats.seen_fraction(f, len(rp[t])))
+            rows.append(rp.mean(axis=0))
+            seen.append(None if f is None else stats.seen_fraction(f, len(rp)))
     return np.stack(rows), seen
 
 
 def rank_spread(g: GroupSeries, t: int) -> tuple[np.ndarray, int]:
     """The spread inside a run: the pooled sample standard deviation over each run's ranks at time step t (P,)
     (NaN when no run has two ranks), and the typical number of ranks per run."""
-    var = [rp[t].var(axis=0, ddof=1) for rp in g.rank_preds if len(rp[t]) >= 2]
-    n = int(round(np.mean([len(rp[t]) for rp in g.rank_preds])))
+    return _rank_spread(g.truth, [rp[t] for rp in g.rank_preds])
+
+
+def _rank_spread(truth: np.ndarray, rank_rows: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
+    var = [rp.var(axis=0, ddof=1) for rp in rank_rows if len(rp) >= 2]
+    n = int(round(np.mean([len(rp) for rp in rank_rows])))
     if not var:
-        return np.full(g.truth.shape, np.nan), n
+        return np.full(truth.shape, np.nan), n
     return np.sqrt(np.mean(var, axis=0)), n
 
 
-def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION
+@dataclass
+class FinalPrediction:
+    """The group's last checkpoint evaluated on a larger noise batch than its series: the quoted p^ +- sigma."""
+
+    epoch: int
+    noise_samples: int
+    rank_preds: list[np.ndarray]  #: per run, (R, P): each rank's prediction averaged over the noise
+    sampling: np.ndarray          #: (P,) the Monte-Carlo error of p^ (stats.noise_sampling_error)
+
+
+def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
+    """Every run of the group at its last common epoch on `noise_samples` shared noise vectors, one run at a time
+    (memory: one (K, P) array, whatever the number of runs)."""
+    predictors = [RunPredictor(r, noise_seed) for r in g.runs]
+    noise = predictors[0].noise(noise_samples)
+    epoch, acc, ranks = int(g.epochs[-1]), None, []
+    for pr in predictors:
+        p, _, per_rank = pr.predict(epoch, noise)  # p: (K, P), the run's rank-averaged prediction per noise vector
+        acc = p.astype(np.float64) if acc is None else acc + p
+        ranks.append(per_rank)
+    return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / len(predictors))[None]))
+
+
+def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None
                       ) -> tuple[stats.Uncertainty, list[dict[str, Any]]]:
-    """p^ +- sigma with its parts at the group's last checkpoint, and the convergence diagnostic (per parameter)."""
+    """p^ +- sigma with its parts at the group's last checkpoint, and the convergence diagnostic (per parameter).
+    With `final` (predict_final), p^, the members, the ranks and the noise's Monte-Carlo error come from its larger
+    noise batch; the drift always comes from the series (one noise batch at every epoch, so its Monte-Carlo error
+    does not move)."""
     t_last = len(g.epochs) - 1
-    values, seen = members_at(g, t_last)
+    rows = final.rank_preds if final is not None else [rp[t_last] for rp in g.rank_preds]
+    sampling = final.sampling if final is not None else stats.noise_sampling_error(g.preds[t_last])
+    values, seen = _members(g.runs, rows)
     known = [f for f in seen if f is not None]
     f = float(np.mean(known)) if len(known) == len(seen) else None
     shared = len({data_identity(r) for r in g.runs}) == 1
     series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
-    ranks, n_ranks = rank_spread(g, t_last)
-    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared)
+    ranks, n_ranks = _rank_spread(g.truth, rows)
+    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
     return u, stats.convergence(names, g.epochs, series, u.spread, fraction)
 

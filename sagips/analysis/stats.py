@@ -193,6 +193,37 @@ def members_factor(seen: float | None, n_members: int, shared_data: bool) -> flo
     return math.sqrt(seen / (1.0 - seen) + 1.0 / m)
 
 
+#: the two-sided probabilities of the intervals analyze quotes: +-1 and +-2 standard deviations of a Gaussian
+P68, P95 = 0.682689492137, 0.954499736104
+
+
+def t_quantile(q: float, dof: float) -> float:
+    """Student's t quantile: x with P(T <= x) = q for T ~ t(dof), q in [0.5, 1), dof >= 1 (inf: the Gaussian).
+
+    Numpy only (scipy is not a run-time dependency). With x = sqrt(dof) tan(theta) the t density becomes
+    c cos(theta)^(dof - 1) dtheta, c = Gamma((dof+1)/2) / (sqrt(pi) Gamma(dof/2)), which is integrated on a fine grid
+    of [0, pi/2) (where the density exceeds e^-80) and inverted; tests compare it with scipy.stats.t.ppf."""
+    if not 0.5 <= q < 1.0:
+        raise ValueError(f"t_quantile: q must be in [0.5, 1), got {q}")
+    if not math.isfinite(dof) or dof > 1e4:
+        from statistics import NormalDist
+        return NormalDist().inv_cdf(q)
+    if dof < 1:
+        raise ValueError(f"t_quantile: dof must be >= 1, got {dof}")
+    top = math.pi / 2 if dof <= 1 else min(math.pi / 2, math.acos(math.exp(-80.0 / (dof - 1.0))))  # density > e^-80
+    theta = np.linspace(0.0, top, 20001)
+    dens = np.cos(theta) ** (dof - 1.0)
+    c = math.exp(math.lgamma((dof + 1.0) / 2.0) - math.lgamma(dof / 2.0)) / math.sqrt(math.pi)
+    cum = np.concatenate([[0.0], np.cumsum((dens[1:] + dens[:-1]) / 2.0 * np.diff(theta))]) * c
+    return math.sqrt(dof) * math.tan(float(np.interp(q - 0.5, cum, theta)))
+
+
+def interval_factor(p: float, dof: float) -> float:
+    """Half-width of the central interval of probability p in units of sigma, when sigma is estimated with `dof`
+    degrees of freedom (Student's t; inf: a Gaussian, 1 for p = P68)."""
+    return t_quantile(0.5 + p / 2.0, dof)
+
+
 def drift_window(epochs: Sequence[int], fraction: float = DRIFT_FRACTION) -> np.ndarray:
     """Indices of the checkpoints in the last `fraction` of the epochs (epoch >= (1 - fraction) * last epoch),
     at least the last two."""
@@ -223,22 +254,39 @@ class Uncertainty:
     """p^_i +- sigma_i of one ensemble, with its parts (all (P,), physical units). See docs/analysis.md."""
 
     p_hat: np.ndarray     #: the mean over the members at the last checkpoint
-    sigma: np.ndarray     #: sqrt(spread^2 + drift^2): the one to quote
+    sigma: np.ndarray     #: sqrt(spread^2 + drift^2 + sampling^2): the one to quote
     spread: np.ndarray    #: the spread part of sigma: `members`, or without members ranks/sqrt(R), or 0
     members: np.ndarray   #: s * members_factor: the members' scatter turned into the error of p^ (NaN: M < 2)
     scatter: np.ndarray   #: s: the sample standard deviation of single members (NaN: M < 2)
     ranks: np.ndarray     #: pooled standard deviation of the ranks inside a run (NaN: no run has 2 ranks)
     drift: np.ndarray     #: |movement of p^| over the last DRIFT_FRACTION of the epochs
+    sampling: np.ndarray  #: the Monte-Carlo error of p^ from the finite batch of K noise vectors it averages
     n_members: int
     factor: float         #: members = scatter * factor
     spread_from: str      #: "members", "ranks" (a lower bound: no independent members) or "none"
     notes: list[str]      #: what sigma does not contain, in words
 
+    @property
+    def dof(self) -> float:
+        """Degrees of freedom of sigma: M - 1 when it comes from M members' scatter, else inf (not sampled)."""
+        return float(self.n_members - 1) if self.spread_from == "members" else math.inf
+
+    @property
+    def k68(self) -> float:
+        """The 68.3 % interval is p^ +- k68 sigma (Student's t with `dof`: 1.20 for 4 members, 1 for many)."""
+        return interval_factor(P68, self.dof)
+
+    @property
+    def k95(self) -> float:
+        """The 95.4 % interval is p^ +- k95 sigma (3.31 for 4 members, 2 for many)."""
+        return interval_factor(P95, self.dof)
+
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
-                seen: float | None, shared_data: bool) -> Uncertainty:
+                seen: float | None, shared_data: bool, sampling: np.ndarray | None = None) -> Uncertainty:
     """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
-    of `n_ranks` ranks, and the drift `moved` (P,) of p^ (see `drift`)."""
+    of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`) and the Monte-Carlo error `sampling` (P,) of the
+    noise average (see `noise_sampling_error`; None: 0)."""
     v = np.asarray(member_values, dtype=np.float64)
     m = v.shape[0]
     p_hat = v.mean(axis=0)
@@ -260,8 +308,22 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
     else:
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
-    sigma = np.sqrt(spread ** 2 + dr ** 2)
-    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, m, factor, source, notes)
+    mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
+    sigma = np.sqrt(spread ** 2 + dr ** 2 + mc ** 2)
+    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, m, factor, source, notes)
+
+
+def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
+    """The Monte-Carlo error (P,) of p^ = the mean over members and over K shared noise vectors, from `preds`
+    (N, K, P): the standard deviation over the noise of the members' mean prediction, / sqrt(K).
+
+    A generator maps its noise to a spread of parameters (seen: 2.5 % in smear1d's tau, where the data's own error
+    is 0.1 %), so a mean over K = 1024 vectors moves by 0.8 of the statistical error from one noise batch to the
+    next; the members share the batch, so this error is common to all of them and their scatter does not hold it."""
+    a = np.asarray(preds, dtype=np.float64)
+    if a.ndim != 3 or a.shape[1] < 2:
+        return np.zeros(a.shape[-1])
+    return a.mean(axis=0).std(axis=0, ddof=1) / math.sqrt(a.shape[1])
 
 
 def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
