@@ -1,6 +1,7 @@
 """Calibration of sagips.analyze's p^ +- sigma (issue 36, item 4): pulls and coverage against a known truth.
 
     python benchmarks/coverage.py [--case smear1d toy1d proxy1d] [--replicas 20] [--members 4] [--commit]
+    python benchmarks/coverage.py --workflow run --case smear1d toy1d proxy1d --replicas 5   # the floor untuned
     python benchmarks/coverage.py --page-only           # the page again, from the replicas' JSON
     python benchmarks/coverage.py --smoke --out DIR     # the whole pipeline in seconds (tests/test_coverage.py)
 
@@ -15,6 +16,10 @@ and, on the same events, the maximum-likelihood fit with its own sigma from the 
 the negative log-likelihood at the fit): smear1d (the exponentially modified Gaussian, scipy.stats.exponnorm) and
 toy1d (benchmarks/toy1d.py's unbinned fit and Fisher matrix). proxy1d's ML point comes from
 benchmarks/loop_closure.py (a binned fit with the norm constraints); its sigma is not computed (None).
+
+--workflow run (issue 36, item 3) asks instead whether one run, started as a new user starts it (M ranks of
+rma-arar-arar on the environment's own defaults, no preset), ends at the data's floor: on the same data sets and ML
+fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of its own on the page).
 
 Each replica writes DIR/coverage/CASE-KKK.json as it finishes (--commit: and commits that file alone); a rerun skips
 the replicas whose JSON holds the same profile (resume). The page DIR/coverage.md is generated whole from the JSON;
@@ -67,6 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--case", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--replicas", type=int, default=20, help="K reference data sets per case (default 20)")
     p.add_argument("--members", type=int, default=4, help="M members per replica (default 4)")
+    p.add_argument("--workflow", choices=("ensemble", "run"), default="ensemble",
+                   help="ensemble: M members of --mode ensemble on the case's preset (the calibration); run: the "
+                        "floor without tuning (issue 36, item 3), one run as a new user starts it: M ranks of "
+                        "rma-arar-arar (comm.inner_size 2) on the environment's own defaults (no preset; proxy1d: "
+                        "make run's preset)"),
     p.add_argument("--noise-samples", type=int, default=1024, help="sagips.analyze --noise-samples")
     p.add_argument("--final-noise-samples", type=int, default=16384, help="sagips.analyze --final-noise-samples")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set for every run")
@@ -141,12 +151,24 @@ def ml_reference(case: str, data_file: Path, truth: np.ndarray, env_cfg) -> dict
 
 # ----------------------------------------------------------------------------------------------- one replica
 def profile(args: argparse.Namespace, case: str) -> dict:
-    prof = {"case": case, "config": CASES[case][0], "members": args.members, "noise_samples": args.noise_samples,
-            "set": list(args.set), "events": args.events}
+    prof = {"case": case, "config": config_of(args, case), "members": args.members,
+            "noise_samples": args.noise_samples, "set": list(args.set), "events": args.events}
+    if args.workflow != "ensemble":  # (the ensemble profiles' ids stay those of the records made before it existed)
+        prof["workflow"] = args.workflow
     if args.final_noise_samples != args.noise_samples:  # (profiles from before it existed had p^ on noise_samples)
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
     return prof
+
+
+def config_of(args: argparse.Namespace, case: str) -> str | None:
+    """--config of the training job: the case's preset, or none (the environment's defaults) for workflow run."""
+    return CASES[case][0] if args.workflow == "ensemble" or case == "proxy1d" else None
+
+
+def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
+    return out / "coverage" / (f"{case}-{k:03d}.json" if args.workflow == "ensemble" else
+                               f"{case}-{args.workflow}-{k:03d}.json")
 
 
 def env_config(case: str, sets: list[str]):
@@ -172,8 +194,11 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     if data_main(data_args) != 0:
         raise SystemExit(f"coverage: sagips.data {' '.join(data_args)} failed")
     run = work / f"{case}-{k:03d}-run"
+    cfg = config_of(args, case)
     cmd = ["timeout", "--kill-after=10", str(args.timeout), mpiexec(), "-n", str(args.members), sys.executable, "-m",
-           "sagips.run", "--config", CASES[case][0], "--mode", "ensemble", "--ensemble-size", str(args.members),
+           "sagips.run"] + (["--config", cfg] if cfg else ["--set", f"environment.name={case}"]) + (
+           ["--mode", "ensemble", "--ensemble-size", str(args.members)] if args.workflow == "ensemble" else
+           ["--mode", "rma-arar-arar", "--set", "comm.inner_size=2"]) + [
            "--seed", str(seed), "--no-progress", "--output-dir", str(run), "--overwrite",
            "--set", f"environment.data_file={data}", "--set", "train.threads=1"]
     for s in args.set:
@@ -248,6 +273,43 @@ def stats_of(recs: list[dict]) -> list[dict]:
     return out
 
 
+FLOOR_MARGIN = 1.5  # "at its floor": rms error within 1.5x the run's statistical floor sigma_ML / sqrt(seen)
+
+
+def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
+    """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
+    error, against the floor of a run whose ranks keep subset_fraction 0.5 each (sigma_ML / sqrt(seen))."""
+    from sagips.analysis.stats import seen_fraction
+
+    ranks = int(prof["members"])
+    floor = 1.0 / math.sqrt(seen_fraction(0.5, ranks))
+    lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
+             f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
+             f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
+             f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all. Error = (p̂ − p_true) in "
+             f"units of the ML fit's σ on the same events (proxy1d: the ML fits' rms error over the data sets). A run "
+             f"of {ranks} ranks keeping half the data each has the floor {floor:.2f} (σ_ML/√seen, "
+             f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
+             "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for i, name in enumerate(rs[0]["names"]):
+        t = np.array([r["truth"][i] for r in rs])
+        p = np.array([r["gan"]["p_hat"][i] for r in rs])
+        mp = np.array([r["ml"]["p"][i] for r in rs])
+        if all(r["ml"]["sigma"] is not None for r in rs):
+            unit = np.array([r["ml"]["sigma"][i] for r in rs])
+        else:
+            unit = np.full(len(rs), math.sqrt(np.mean((mp - t) ** 2)))
+        g, m, d = (p - t) / unit, (mp - t) / unit, (p - mp) / unit
+        rms = float(np.sqrt(np.mean(g ** 2)))
+        ok = rms <= FLOOR_MARGIN * floor
+        verdict = ("at its floor" if ok else "above its floor") + (f" (provisional, K = {len(rs)})" if len(rs) < 5
+                                                                  else "")
+        lines.append(f"| {name} | {len(rs)} | {rms:.2f} | {np.sqrt(np.mean(m ** 2)):.2f} | {np.max(np.abs(g)):.2f} | "
+                     f"{np.sqrt(np.mean(d ** 2)):.2f} | {verdict} |")
+    return lines + [""]
+
+
 def expected(members: int) -> dict:
     """What the pulls of an exact sigma from M members look like: Student's t with M - 1 degrees of freedom."""
     from scipy import stats as st
@@ -286,6 +348,9 @@ def page(out: Path) -> str:
         by.setdefault((r["case"], r["profile"]["id"]), []).append(r)
     for (case, pid), rs in by.items():
         prof = rs[0]["profile"]
+        if prof.get("workflow") == "run":
+            lines += floor_table(case, pid, prof, rs)
+            continue
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors)", "",
@@ -329,7 +394,7 @@ def main(argv=None) -> int:
             for case in args.case:
                 prof = profile(args, case)
                 for k in range(args.replicas):
-                    path = out / "coverage" / f"{case}-{k:03d}.json"
+                    path = record_path(out, args, case, k)
                     if path.is_file() and json.loads(path.read_text()).get("profile", {}).get("id") == prof["id"]:
                         continue  # finished before: resume from the next one
                     rec = replica(args, case, k, work, env)

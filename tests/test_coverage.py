@@ -30,3 +30,16 @@ def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatc
     page = (tmp_path / "coverage.md").read_text()
     assert "## smear1d (profile " in page and "| tau | 1 |" in page and "coverage.notes.md" in page
     assert "| *exact σ, M = 2 members* |" in page
+
+
+def test_smoke_run_workflow_reports_the_floor_without_tuning(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert coverage.main(["--smoke", "--workflow", "run", "--out", str(tmp_path)]) == 0
+    files = sorted((tmp_path / "coverage").glob("*.json"))
+    assert [f.name for f in files] == ["smear1d-run-000.json"]
+    rec = json.loads(files[0].read_text())
+    assert rec["profile"]["workflow"] == "run" and rec["profile"]["config"] is None
+    # one run of 2 exchanging ranks: one member, sigma from its ranks
+    assert rec["gan"]["n_members"] == 1 and rec["gan"]["spread_from"] == "ranks"
+    page = (tmp_path / "coverage.md").read_text()
+    assert "## smear1d: the floor without tuning (profile " in page and "| tau | 1 |" in page
