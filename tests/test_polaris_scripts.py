@@ -513,3 +513,18 @@ def test_scaling_pbs_node_hours_are_at_most_the_points_own():
     one_job_each = sum(len(p) * (limit + setup) for p in points)
     assert job_node_s <= one_job_each, (job_node_s / 3600, one_job_each / 3600)
     assert job_node_s / 3600 <= 110    # docs/polaris.md: at most 108 node-hours (the old script asked for 300)
+
+
+def test_a_node_file_with_repeated_hosts_counts_and_slices_each_node_once(tmp_path):
+    """PBS may list a host once per rank slot: NNODES and the hostfile slices (scaling.pbs, ensemble.pbs) must read
+    the same one-line-per-node list, in PBS's order."""
+    nodes = [f"x3000c0s{i}b0n0" for i in (4, 1, 7)]
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("".join(f"{n}\n" * 4 for n in nodes))
+    script = f'SAGIPS_ROOT={ROOT}; source {POLARIS / "common.sh"}; echo "N=$NNODES"; cat "$NODEFILE"'
+    r = subprocess.run(["bash", "-c", script], env=_bare_env(DRY_RUN="1", PBS_NODEFILE=str(nodefile)),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = [x for x in r.stdout.splitlines() if not x.startswith("#")]
+    assert out == ["N=3"] + nodes
+    assert nodefile.read_text().count("\n") == 12  # PBS's own file is left as it is

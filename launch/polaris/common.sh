@@ -4,7 +4,8 @@
 #   RANKS_PER_NODE=4, DEPTH=8              one rank per A100; 32 Milan cores / 4 ranks = 8 cores per rank
 #   JOBID, JOBID_SHORT                     $PBS_JOBID (default "dryrun"), and its part before the first dot
 #   WORKDIR                                $PBS_O_WORKDIR (the submit directory; default: SAGIPS_ROOT)
-#   NODEFILE, NNODES                       $PBS_NODEFILE; without one (dry run) a fake list of NODES nodes
+#   NODEFILE, NNODES                       $PBS_NODEFILE, one line per node (repeats dropped, order kept); without
+#                                          one (dry run) a fake list of NODES nodes
 #   sagips_nodes_from_directive FILE       the N of "#PBS -l select=N" in FILE
 #   sagips_die MESSAGE                     print to stderr and exit 1
 #   sagips_check_mode MODE                 die unless MODE is one of sagips.run's --mode choices
@@ -73,5 +74,12 @@ elif [[ "$DRY_RUN" == 1 ]]; then
 else
     sagips_die "not inside a PBS job (no readable PBS_NODEFILE). Submit with qsub, or run with DRY_RUN=1 to see the commands"
 fi
-NNODES=$(sort -u "$NODEFILE" | wc -l)
+# One line per node, in PBS's order: the count and every hostfile slice (scaling.pbs, ensemble.pbs) then read the
+# same list (a node file that repeats a host, one line per rank slot, would otherwise give slices that share nodes).
+if [[ $(sort "$NODEFILE" | uniq -d | wc -l) -gt 0 ]]; then
+    UNIQUE_NODEFILE=$(mktemp "${TMPDIR:-/tmp}/sagips-nodes.XXXXXX")
+    awk 'NF && !seen[$0]++' "$NODEFILE" > "$UNIQUE_NODEFILE"
+    NODEFILE=$UNIQUE_NODEFILE
+fi
+NNODES=$(awk 'NF' "$NODEFILE" | wc -l)
 NNODES=${NNODES// /}
