@@ -70,7 +70,8 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     # four independent members of one job (one rank each, --mode ensemble, the same seed: one data set)
     for m in range(4):
         write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1], slope), member=m)
-    rc = main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "8", "--resamples", "5"])
+    rc = main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "8", "--resamples", "5",
+               "--final-noise-samples", "16"])
     assert rc == 0
     u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
     last = truth + offsets + slope * 1000
@@ -97,7 +98,7 @@ def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
     offsets = np.array([[0.01] * 6, [-0.01] * 6]) * np.abs(truth)
     write_run(tmp_path / "arar", "arar", series(truth, offsets))
     assert main([str(tmp_path / "arar"), "--out", str(tmp_path / "rep"), "--noise-samples", "4",
-                 "--resamples", "2"]) == 0
+                 "--resamples", "2", "--final-noise-samples", "4"]) == 0
     u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
     ranks = np.abs(offsets[0] - offsets[1]) / math.sqrt(2)  # the sample std of two values
     assert u["n_members"] == 1 and u["spread_from"] == "ranks" and "lower bound" in u["notes"][0]
@@ -187,8 +188,8 @@ def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_p
     runs = [load_run(d) for d in expand_run_dirs([run])]
     k = 64
     hats, errs = [], []
+    g = predict_group("g", runs, 8, 0)
     for seed in range(40):
-        g = predict_group("g", runs, 8, seed)
         u, _ = group_uncertainty(g, final=predict_final(g, k, seed))
         hats.append(u.p_hat)
         errs.append(u.sampling)
@@ -197,7 +198,6 @@ def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_p
     # 40 batches: the sample std is within ~25 % of the true one (2 sigma); the claimed error within 10 %
     np.testing.assert_allclose(moved / claimed, 1.0, atol=0.35)
     # and it falls as 1/sqrt(K)
-    g = predict_group("g", runs, 8, 0)
     u4 = group_uncertainty(g, final=predict_final(g, 4 * k, 0))[0]
     np.testing.assert_allclose(u4.sampling / claimed, 0.5, atol=0.15)
     assert np.all(u4.sigma >= u4.sampling)
