@@ -49,7 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
-from sagips.analysis.stats import P68, P95, interval_factor  # noqa: E402
+from sagips.analysis.stats import P68, P95, effective_dof, interval_factor  # noqa: E402
+from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
 
 CASES = {  # case -> (--config, sagips.data environment name)
@@ -155,8 +156,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
             "noise_samples": args.noise_samples, "set": list(args.set), "events": args.events}
     if args.workflow != "ensemble":  # (the ensemble profiles' ids stay those of the records made before it existed)
         prof["workflow"] = args.workflow
-    if args.final_noise_samples != args.noise_samples:  # (profiles from before it existed had p^ on noise_samples)
-        prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)
+    if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
+        prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
     return prof
 
@@ -244,9 +245,12 @@ def stats_of(recs: list[dict]) -> list[dict]:
         p = np.array([r["gan"]["p_hat"][i] for r in recs])
         s = np.array([r["gan"]["sigma"][i] if r["gan"]["sigma"][i] else np.nan for r in recs])
         pull = (p - t) / s
-        # the intervals analyze quotes: +-k68 sigma and +-k95 sigma (Student's t with M - 1 degrees of freedom)
-        k68 = np.array([r["gan"].get("k68") or interval_factor(P68, r["gan"]["n_members"] - 1) for r in recs])
-        k95 = np.array([r["gan"].get("k95") or interval_factor(P95, r["gan"]["n_members"] - 1) for r in recs])
+        # the intervals analyze quotes: +-k68 sigma and +-k95 sigma, Student's t with sigma's degrees of freedom,
+        # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors)
+        dof = [float(effective_dof([r["gan"]["members"][i] or 0.0], [r["gan"]["sigma"][i]], r["gan"]["n_members"],
+                                   r["gan"]["spread_from"] == "members")[0]) for r in recs]
+        k68 = np.array([interval_factor(P68, d) for d in dof])
+        k95 = np.array([interval_factor(P95, d) for d in dof])
         fin = np.isfinite(pull)
         row = {"name": name, "n": len(recs), "pull_mean": float(np.nanmean(pull)),
                "cover68": float(np.mean(np.abs(pull[fin]) <= k68[fin])),
@@ -323,26 +327,9 @@ def _f(x, spec):
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
 
 
-def page(out: Path) -> str:
-    from benchmarks.loop_closure import machine
-
-    recs = [json.loads(p.read_text()) for p in sorted((out / "coverage").glob("**/*.json"))]
-    m = machine()
-    lines = ["# Calibration of p̂ ± σ: pulls and coverage (benchmarks/coverage.py)", "",
-             "Generated whole by `python benchmarks/coverage.py` from `coverage/*.json` (one file per replica); "
-             f"notes by hand: [{NOTES}]({NOTES}).", "",
-             f"Machine of the last page build: {m['cpu_model']}, {m['cores']} cores, flags "
-             f"{' '.join(m['vector_flags'])}; torch {m['torch']}.", "",
-             "Each replica: one reference data set (seed 1000+k) at the case's truth, one job of M members "
-             "(`--mode ensemble --ensemble-size M`, 1 rank each, the data file shared), `sagips.analyze` → p̂ ± σ, and "
-             "the ML fit on the same events with its Fisher σ. Pull = (p̂ − p_true)/σ. Target: pull width "
-             f"{PULL_WIDTH[0]}–{PULL_WIDTH[1]}, coverage of ±1σ {100 * COVER_1[0]:.0f}–{100 * COVER_1[1]:.0f} %.", "",
-             "σ from M members is itself an estimate with M − 1 degrees of freedom, so even an exact σ gives pulls "
-             "that follow Student's t, not a unit Gaussian: the row *exact σ, M members* gives what to expect. "
-             "sagips.analyze therefore also quotes the 68 % and 95 % intervals ±k68σ and ±k95σ (Student's t); the "
-             "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %).", ""]
-    if not recs:
-        lines += ["No replica has finished yet.", ""]
+def groups_tables(recs: list[dict], label: str) -> list[str]:
+    """One table per (case, profile) of `recs`: the calibration, or the floor without tuning (workflow run)."""
+    lines: list[str] = []
     by: dict[tuple, list[dict]] = {}
     for r in recs:
         by.setdefault((r["case"], r["profile"]["id"]), []).append(r)
@@ -353,7 +340,7 @@ def page(out: Path) -> str:
             continue
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
-                  f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors)", "",
+                  f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all.", "",
                   "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | ±k68σ | "
                   "±k95σ | σ_GAN/σ_ML (median) | rms error GAN / ML | ML pull width | noise / σ (median) | "
@@ -377,6 +364,39 @@ def page(out: Path) -> str:
                          f"{_f(row['ml_pull_width'], '.2f')} | {_f(row['noise_over_sigma'], '.2f')} | "
                          f"{row['moving']}/{row['n']} | {verdict} |")
         lines.append("")
+    return lines
+
+
+def page(out: Path) -> str:
+    from benchmarks.loop_closure import machine
+
+    recs = [json.loads(p.read_text()) for p in sorted((out / "coverage").glob("*.json"))]
+    # superseded profiles, kept in subfolders (coverage/NAME/*.json): shown after the current ones, labelled
+    old = {p.parent.name: [] for p in (out / "coverage").glob("*/*.json")}
+    for p in sorted((out / "coverage").glob("*/*.json")):
+        old[p.parent.name].append(json.loads(p.read_text()))
+    m = machine()
+    lines = ["# Calibration of p̂ ± σ: pulls and coverage (benchmarks/coverage.py)", "",
+             "Generated whole by `python benchmarks/coverage.py` from `coverage/*.json` (one file per replica; "
+             "superseded profiles in subfolders); "
+             f"notes by hand: [{NOTES}]({NOTES}).", "",
+             f"Machine of the last page build: {m['cpu_model']}, {m['cores']} cores, flags "
+             f"{' '.join(m['vector_flags'])}; torch {m['torch']}.", "",
+             "Each replica: one reference data set (seed 1000+k) at the case's truth, one job of M members "
+             "(`--mode ensemble --ensemble-size M`, 1 rank each, the data file shared), `sagips.analyze` → p̂ ± σ, and "
+             "the ML fit on the same events with its Fisher σ. Pull = (p̂ − p_true)/σ. Target: pull width "
+             f"{PULL_WIDTH[0]}–{PULL_WIDTH[1]}, coverage of ±1σ {100 * COVER_1[0]:.0f}–{100 * COVER_1[1]:.0f} %.", "",
+             "σ from M members is itself an estimate with M − 1 degrees of freedom, so even an exact σ gives pulls "
+             "that follow Student's t, not a unit Gaussian: the row *exact σ, M members* gives what to expect. "
+             "sagips.analyze therefore also quotes the 68.3 % and 95.4 % intervals ±k68σ and ±k95σ (Student's t "
+             "with σ's Welch–Satterthwaite degrees of freedom: the drift and noise parts are not sampled); the "
+             "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %). Where drift and noise weigh in, "
+             "real pulls are narrower than the exact-σ row.", ""]
+    if not recs:
+        lines += ["No replica has finished yet.", ""]
+    lines += groups_tables(recs, "")
+    for name, rs in old.items():
+        lines += groups_tables(rs, f" — superseded (coverage/{name}/)")
     return "\n".join(lines) + "\n"
 
 
@@ -398,7 +418,8 @@ def main(argv=None) -> int:
                     if path.is_file() and json.loads(path.read_text()).get("profile", {}).get("id") == prof["id"]:
                         continue  # finished before: resume from the next one
                     rec = replica(args, case, k, work, env)
-                    atomic.write_text(path, json.dumps(rec, indent=1) + "\n")  # a kill leaves no torn replica
+                    # strict JSON (NaN, inf -> null); a kill leaves no torn replica
+                    atomic.write_text(path, json.dumps(_jsonable(rec), indent=1) + "\n")
                     print(f"coverage: {case} replica {k}: pulls "
                           + ", ".join(f"{n} {(p - t) / s:+.2f}" if s else f"{n} n/a" for n, p, t, s in
                                       zip(rec["names"], rec["gan"]["p_hat"], rec["truth"], rec["gan"]["sigma"]))

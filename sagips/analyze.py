@@ -76,8 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-samples", type=_positive_int, default=1024, metavar="K",
                    help="noise vectors per generator at every checkpoint, the same for every generator (default 1024)")
     p.add_argument("--final-noise-samples", type=_positive_int, default=16384, metavar="K",
-                   help="noise vectors for the quoted p̂ ± σ at the last checkpoint (default 16384): a generator maps "
-                        "its noise to a spread of parameters, so p̂ carries a Monte-Carlo error that falls as 1/sqrt(K) "
+                   help="noise vectors for the quoted p̂ ± σ at the last checkpoint (default 16384): a generator "
+                        "maps its noise to a spread of parameters, so p̂ carries a Monte-Carlo error that falls as "
+                        "1/sqrt(K) "
                         "(the column `noise`)"),
     p.add_argument("--group-by", choices=GROUP_KEYS, default="mode",
                    help="run.json field that forms the ensembles (default: mode)")
@@ -187,7 +188,8 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
         "sagips_analysis": 1,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "environment": runs[0].environment,
-        "settings": {"noise_samples": args.noise_samples, "final_noise_samples": final_k(args), "group_by": args.group_by, "resamples": args.resamples,
+        "settings": {"noise_samples": args.noise_samples, "final_noise_samples": final_k(args),
+                     "group_by": args.group_by, "resamples": args.resamples,
                      "seed": args.seed},
         "parameters": (list(series[0].names) if series[0].names and len(series[0].names) == n_par
                        else [f"r_{i}" for i in range(n_par)]),
@@ -283,7 +285,9 @@ def quotable(summary: dict[str, Any]) -> list[str]:
               "their mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
               "without members), the drift of p̂ over the last "
               f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs, and the Monte-Carlo error of p̂ from the K noise "
-              "vectors it averages (noise; --noise-samples makes it smaller). Pull = (p̂ − truth)/σ.")]
+              "vectors it averages (noise; --final-noise-samples makes it smaller). Pull = (p̂ − truth)/σ. p̂ here "
+              "uses K noise vectors of its own, so it differs from the residual table's (--noise-samples) by about "
+              "the noise column.")]
     for g in summary["groups"]:
         u = g["uncertainty"]
         how = f" (members = scatter × {u['factor']:.3f})" if u["spread_from"] == "members" else ""
@@ -297,21 +301,30 @@ def quotable(summary: dict[str, Any]) -> list[str]:
             state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
             z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
             lines.append(f"| {name} | {g['truth'][i]:.6g} | {_g(u['p_hat'][i])} ± {_g(u['sigma'][i])} | "
-                         f"±{_g(u['k68'] * u['sigma'][i])} / ±{_g(u['k95'] * u['sigma'][i])} | "
-                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | {_g(u['sampling'][i])} | "
+                         f"±{_g(u['k68'][i] * u['sigma'][i])} / ±{_g(u['k95'][i] * u['sigma'][i])} | "
+                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | "
+                         f"{_g(u['sampling'][i])} | "
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
-        lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]] + [f"- {c['message']}" for c in g["convergence"]
-                                                           if c["moving"] is not False]
+        lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
+        lines += [f"- {c['message']}" for c in g["convergence"] if c["moving"] is not False]
     return lines
 
 
 def t_note(u: dict[str, Any]) -> str:
-    """One line: how sure sigma itself is, and the intervals to quote (Student's t with M - 1 degrees of freedom)."""
+    """One line: how sure sigma itself is, and the intervals to quote (Student's t, `stats.effective_dof`)."""
     if u["spread_from"] != "members":
         return "the intervals are ±σ and ±2σ: σ is not estimated from independent members (see the notes)"
-    return (f"σ is estimated from {u['n_members']} members ({u['dof']:.0f} degrees of freedom), so it is itself "
-            f"uncertain (by about ±{100 / math.sqrt(2 * u['dof']):.0f} %): the 68 % interval is ±{u['k68']:.2f}σ and the "
-            f"95 % interval ±{u['k95']:.2f}σ (Student's t); more members bring them to ±1σ and ±2σ")
+    dof = [d for d in u["dof"] if d is not None]  # None: inf in JSON (no spread)
+    k68 = [k for k, d in zip(u["k68"], u["dof"]) if d is not None]
+    k95 = [k for k, d in zip(u["k95"], u["dof"]) if d is not None]
+    if not dof:
+        return "the intervals are ±σ and ±2σ"
+    rng = (lambda v, f: format(min(v), f) if max(v) - min(v) < 0.005 else f"{min(v):{f}}-{max(v):{f}}")
+    caveat = " (but see the note below: σ holds no statistical error)" if u["notes"] else ""
+    return (f"σ's spread part comes from {u['n_members']} members ({u['n_members'] - 1} degrees of freedom; σ as a "
+            f"whole, with its drift and noise parts, {rng(dof, '.0f')}), so σ is itself uncertain: the 68 % interval "
+            f"is ±{rng(k68, '.2f')}σ and the 95.4 % interval ±{rng(k95, '.2f')}σ (Student's t; ±1σ and ±2σ with many "
+            f"members){caveat}")
 
 
 def _g(x: float | None) -> str:

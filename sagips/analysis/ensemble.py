@@ -377,14 +377,19 @@ class FinalPrediction:
 def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
     """Every run of the group at its last common epoch on `noise_samples` shared noise vectors, one run at a time
     (memory: one (K, P) array, whatever the number of runs)."""
+    if noise_samples < 2:
+        raise AnalysisError(f"--final-noise-samples {noise_samples}: at least 2 noise vectors are needed to estimate "
+                            f"the Monte-Carlo error of p^")
     predictors = [RunPredictor(r, noise_seed) for r in g.runs]
     noise = predictors[0].noise(noise_samples)
-    epoch, acc, ranks = int(g.epochs[-1]), None, []
+    epoch, acc, ranks, weight = int(g.epochs[-1]), None, [], 0
     for pr in predictors:
         p, _, per_rank = pr.predict(epoch, noise)  # p: (K, P), the run's rank-averaged prediction per noise vector
-        acc = p.astype(np.float64) if acc is None else acc + p
+        w = len(per_rank) if independent_ranks(pr.run) else 1  # p^ weighs members alike (`_members`)
+        acc = w * p.astype(np.float64) if acc is None else acc + w * p
+        weight += w
         ranks.append(per_rank)
-    return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / len(predictors))[None]))
+    return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / weight)[None]))
 
 
 def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None

@@ -267,19 +267,33 @@ class Uncertainty:
     notes: list[str]      #: what sigma does not contain, in words
 
     @property
-    def dof(self) -> float:
-        """Degrees of freedom of sigma: M - 1 when it comes from M members' scatter, else inf (not sampled)."""
-        return float(self.n_members - 1) if self.spread_from == "members" else math.inf
+    def dof(self) -> np.ndarray:
+        """Degrees of freedom of sigma, per parameter (`effective_dof`): M - 1 and more where the fixed drift and
+        noise parts weigh in; inf where sigma does not come from members' scatter."""
+        return effective_dof(self.spread, self.sigma, self.n_members, self.spread_from == "members")
 
     @property
-    def k68(self) -> float:
-        """The 68.3 % interval is p^ +- k68 sigma (Student's t with `dof`: 1.20 for 4 members, 1 for many)."""
-        return interval_factor(P68, self.dof)
+    def k68(self) -> np.ndarray:
+        """The 68.3 % interval is p^ +- k68 sigma (Student's t with `dof`: 1.20 for 4 members alone, 1 for many)."""
+        return np.array([interval_factor(P68, d) for d in self.dof])
 
     @property
-    def k95(self) -> float:
-        """The 95.4 % interval is p^ +- k95 sigma (3.31 for 4 members, 2 for many)."""
-        return interval_factor(P95, self.dof)
+    def k95(self) -> np.ndarray:
+        """The 95.4 % interval (+-2 sigma of a Gaussian) is p^ +- k95 sigma (3.31 for 4 members alone, 2 for many)."""
+        return np.array([interval_factor(P95, d) for d in self.dof])
+
+
+def effective_dof(spread: np.ndarray, sigma: np.ndarray, n_members: int, from_members: bool) -> np.ndarray:
+    """Welch-Satterthwaite degrees of freedom of sigma^2 = spread^2 + drift^2 + noise^2, where only the members'
+    spread is sampled (M - 1 degrees of freedom) and the drift and the noise's Monte-Carlo error count as known:
+    dof = (M - 1) (sigma / spread)^4 (P,); inf without members or where the spread is 0."""
+    sp = np.abs(np.asarray(spread, dtype=np.float64))
+    sg = np.asarray(sigma, dtype=np.float64)
+    if not from_members or n_members < 2:
+        return np.full(sg.shape, math.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = (n_members - 1) * (sg / sp) ** 4
+    return np.where(np.isfinite(d) & (sp > 0), d, math.inf)
 
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
