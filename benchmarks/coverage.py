@@ -215,6 +215,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
     return {"case": case, "replica": k, "seed": seed, "profile": profile(args, case), "events": events,
+            "subset_fraction": float(ecfg.subset_fraction),
             "names": [c["name"] for c in conv], "truth": truth.tolist(),
             "gan": {"p_hat": u.p_hat.tolist(), "sigma": u.sigma.tolist(), "members": u.members.tolist(),
                     "scatter": u.scatter.tolist(), "ranks": [None if not math.isfinite(x) else x for x in u.ranks],
@@ -282,17 +283,18 @@ FLOOR_MARGIN = 1.5  # "at its floor": rms error within 1.5x the run's statistica
 
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
-    error, against the floor of a run whose ranks keep subset_fraction 0.5 each (sigma_ML / sqrt(seen))."""
+    error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
     from sagips.analysis.stats import seen_fraction
 
     ranks = int(prof["members"])
-    floor = 1.0 / math.sqrt(seen_fraction(0.5, ranks))
+    fraction = rs[0].get("subset_fraction", 0.5)  # (records from before it was recorded: the default 0.5)
+    floor = 1.0 / math.sqrt(seen_fraction(fraction, ranks))
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all. Error = (p̂ − p_true) in "
              f"units of the ML fit's σ on the same events (proxy1d: the ML fits' rms error over the data sets). A run "
-             f"of {ranks} ranks keeping half the data each has the floor {floor:.2f} (σ_ML/√seen, "
+             f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
              "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",
              "|---|---:|---:|---:|---:|---:|---|"]
