@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
-from sagips.analysis.stats import P68, P95, effective_dof, interval_factor  # noqa: E402
+from sagips.analysis.stats import P68, P95, drift_in_sigma, effective_dof, interval_factor  # noqa: E402
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
 
@@ -244,11 +244,11 @@ def stats_of(recs: list[dict]) -> list[dict]:
     for i, name in enumerate(recs[0]["names"]):
         t = np.array([r["truth"][i] for r in recs])
         p = np.array([r["gan"]["p_hat"][i] for r in recs])
-        s = np.array([r["gan"]["sigma"][i] if r["gan"]["sigma"][i] else np.nan for r in recs])
+        s = np.array([sigma_now(r, i) for r in recs])
         pull = (p - t) / s
         # the intervals analyze quotes: +-k68 sigma and +-k95 sigma, Student's t with sigma's degrees of freedom,
         # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors)
-        dof = [float(effective_dof([r["gan"]["members"][i] or 0.0], [r["gan"]["sigma"][i]], r["gan"]["n_members"],
+        dof = [float(effective_dof([r["gan"]["members"][i] or 0.0], [sigma_now(r, i)], r["gan"]["n_members"],
                                    r["gan"]["spread_from"] == "members")[0]) for r in recs]
         k68 = np.array([interval_factor(P68, d) for d in dof])
         k95 = np.array([interval_factor(P95, d) for d in dof])
@@ -314,6 +314,18 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
         lines.append(f"| {name} | {len(rs)} | {rms:.2f} | {np.sqrt(np.mean(m ** 2)):.2f} | {np.max(np.abs(g)):.2f} | "
                      f"{np.sqrt(np.mean(d ** 2)):.2f} | {verdict} |")
     return lines + [""]
+
+
+def sigma_now(r: dict, i: int) -> float:
+    """sigma of parameter i of a record under analyze's current rule, from the record's parts (records from before
+    `drift_in_sigma` always added the drift; those from before the noise part have none)."""
+    g = r["gan"]
+    if g["spread_from"] != "members":
+        return g["sigma"][i] or math.nan
+    spread, drift = g["members"][i] or 0.0, g["drift"][i] or 0.0
+    added = drift_in_sigma(np.array([drift]), np.array([spread]), True)[0]
+    mc = (g.get("sampling") or [0.0] * (i + 1))[i] or 0.0
+    return math.sqrt(spread ** 2 + (drift ** 2 if added else 0.0) + mc ** 2) or math.nan
 
 
 def expected(members: int) -> dict:
@@ -393,7 +405,9 @@ def page(out: Path) -> str:
              "sagips.analyze therefore also quotes the 68.3 % and 95.4 % intervals ±k68σ and ±k95σ (Student's t "
              "with σ's Welch–Satterthwaite degrees of freedom: the drift and noise parts are not sampled); the "
              "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %). Where drift and noise weigh in, "
-             "real pulls are narrower than the exact-σ row.", ""]
+             "real pulls are narrower than the exact-σ row. σ is recomputed from each record's parts under "
+             "analyze's current rule (the drift counts only where the parameter still moves), so records made "
+             "under an older rule read alike.", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += groups_tables(recs, "")

@@ -145,7 +145,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "noise_samples": final.noise_samples if final is not None else len(g.preds[-1][0]),
                         "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
                         "members": u.members, "scatter": u.scatter, "ranks": u.ranks, "drift": u.drift,
-                        "sampling": u.sampling, "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
+                        "drift_added": u.drift_added, "sampling": u.sampling, "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
                         "dof": u.dof, "k68": u.k68, "k95": u.k95, "notes": u.notes},
         "convergence": conv,
@@ -284,7 +284,8 @@ def quotable(summary: dict[str, Any]) -> list[str]:
              ("σ = sqrt(spread² + drift² + noise²): the spread between independent members turned into the error of "
               "their mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
               "without members), the drift of p̂ over the last "
-              f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs, and the Monte-Carlo error of p̂ from the K noise "
+              f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs (added where the parameter still moves, i.e. more "
+              "than the members' spread; else shown as \"not in σ\"), and the Monte-Carlo error of p̂ from the K noise "
               "vectors it averages (noise; --final-noise-samples makes it smaller). Pull = (p̂ − truth)/σ. p̂ here "
               "uses K noise vectors of its own, so it differs from the residual table's (--noise-samples) by about "
               "the noise column.")]
@@ -302,7 +303,8 @@ def quotable(summary: dict[str, Any]) -> list[str]:
             z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
             lines.append(f"| {name} | {g['truth'][i]:.6g} | {_g(u['p_hat'][i])} ± {_g(u['sigma'][i])} | "
                          f"±{_g(u['k68'][i] * u['sigma'][i])} / ±{_g(u['k95'][i] * u['sigma'][i])} | "
-                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])} | "
+                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])}"
+                         f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
                          f"{_g(u['sampling'][i])} | "
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]

@@ -66,7 +66,8 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     rng = np.random.default_rng(5)
     offsets = rng.normal(0, 0.01, size=(4, 6)) * np.abs(truth)
     slope = np.zeros(6)
-    slope[2] = 1e-5  # parameter 2 still moves: 1e-5 per epoch
+    slope[2] = 2e-4  # parameter 2 still moves: 0.04 over the last 20 %, twice the members' spread (0.021)
+    slope[0] = 1e-5  # parameter 0 moves 0.002, inside its spread (0.0044): not a part of sigma
     # four independent members of one job (one rank each, --mode ensemble, the same seed: one data set)
     for m in range(4):
         write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1], slope), member=m)
@@ -78,25 +79,29 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     s = np.array([math.sqrt(sum((last[m, i] - last[:, i].mean()) ** 2 for m in range(4)) / 3) for i in range(6)])
     factor = math.sqrt(0.5 / (1 - 0.5) + 1 / 4)  # half-sampling: seen/(1-seen) + 1/M
     drift = np.zeros(6)
-    drift[2] = 1e-5 * (1000 - 800)  # the window: epochs 800, 900, 1000 (the last 20 %)
+    drift[[0, 2]] = slope[[0, 2]] * (1000 - 800)  # the window: epochs 800, 900, 1000 (the last 20 %)
+    added = drift > s * factor
+    assert list(added) == [False, False, True, False, False, False]
+    in_sigma = np.where(added, drift, 0.0)
     assert u["n_members"] == 4 and u["spread_from"] == "members" and u["factor"] == pytest.approx(factor)
     np.testing.assert_allclose(u["p_hat"], last.mean(0), rtol=0, atol=2e-6)  # float32 generators
     np.testing.assert_allclose(u["scatter"], s, rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(u["members"], s * factor, rtol=1e-3, atol=1e-6)
     np.testing.assert_allclose(u["drift"], drift, rtol=1e-3, atol=2e-6)
-    np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + drift ** 2), rtol=1e-3, atol=2e-6)
+    np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + in_sigma ** 2), rtol=1e-3, atol=2e-6)
+    assert u["drift_added"] == list(added)
     assert u["ranks"] == [None] * 6  # one rank per run: no spread inside a run
     assert u["sampling"] == pytest.approx([0.0] * 6, abs=1e-7)  # every noise vector gives the same prediction
     from scipy import stats as st
     # sigma's degrees of freedom (Welch-Satterthwaite): M - 1 = 3 where it is the members' spread alone, more for
     # parameter 2, whose drift is a known part; the intervals are Student's t quantiles at those
-    dof = 3 * (np.sqrt((s * factor) ** 2 + drift ** 2) / (s * factor)) ** 4
+    dof = 3 * (np.sqrt((s * factor) ** 2 + in_sigma ** 2) / (s * factor)) ** 4
     np.testing.assert_allclose(u["dof"], dof, rtol=1e-3)
     assert u["dof"][0] == pytest.approx(3) and u["dof"][2] > 3
     np.testing.assert_allclose(u["k68"], st.t.ppf(0.5 + 0.6826895 / 2, dof), rtol=1e-4)
     np.testing.assert_allclose(u["k95"], st.t.ppf(0.5 + 0.9544997 / 2, dof), rtol=1e-4)
     md = (tmp_path / "rep" / "summary.md").read_text()
-    assert "the 68 % interval is ±" in md and "| noise (K) |" in md
+    assert "the 68 % interval is ±" in md and "| noise (K) |" in md and "(not in σ)" in md
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "## Parameters: p̂ ± σ (what to quote)" in md and (tmp_path / "rep" / "uncertainty.png").stat().st_size
 

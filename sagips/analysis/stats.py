@@ -254,13 +254,14 @@ class Uncertainty:
     """p^_i +- sigma_i of one ensemble, with its parts (all (P,), physical units). See docs/analysis.md."""
 
     p_hat: np.ndarray     #: the mean over the members at the last checkpoint
-    sigma: np.ndarray     #: sqrt(spread^2 + drift^2 + sampling^2): the one to quote
+    sigma: np.ndarray     #: sqrt(spread^2 + drift^2 [where drift_added] + sampling^2): the one to quote
     spread: np.ndarray    #: the spread part of sigma: `members`, or without members ranks/sqrt(R), or 0
     members: np.ndarray   #: s * members_factor: the members' scatter turned into the error of p^ (NaN: M < 2)
     scatter: np.ndarray   #: s: the sample standard deviation of single members (NaN: M < 2)
     ranks: np.ndarray     #: pooled standard deviation of the ranks inside a run (NaN: no run has 2 ranks)
     drift: np.ndarray     #: |movement of p^| over the last DRIFT_FRACTION of the epochs
     sampling: np.ndarray  #: the Monte-Carlo error of p^ from the finite batch of K noise vectors it averages
+    drift_added: np.ndarray  #: (P,) bool: the drift is a part of sigma (`drift_in_sigma`)
     n_members: int
     factor: float         #: members = scatter * factor
     spread_from: str      #: "members", "ranks" (a lower bound: no independent members) or "none"
@@ -323,8 +324,24 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
-    sigma = np.sqrt(spread ** 2 + dr ** 2 + mc ** 2)
-    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, m, factor, source, notes)
+    added = drift_in_sigma(dr, spread, source == "members")
+    sigma = np.sqrt(spread ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2)
+    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
+
+
+def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
+                   threshold: float = DRIFT_THRESHOLD) -> np.ndarray:
+    """(P,) bool: is the drift a part of sigma? Yes where the parameter still moves (`convergence`: more than
+    `threshold` x the members' spread), or where the spread is not from independent members (a lower bound, so
+    nothing can be judged against it). No where it moved less: a movement inside the spread is the training noise
+    that the spread already holds, and its square, added again, would inflate sigma even for a parameter that has
+    stopped (the drift of a 2-checkpoint window is the difference of two noisy means; benchmarks/coverage.py)."""
+    d = np.abs(np.asarray(drift, dtype=np.float64))
+    sp = np.asarray(spread, dtype=np.float64)
+    if not from_members:
+        return np.ones(d.shape, dtype=bool)
+    ok = np.isfinite(sp) & (sp > 0)
+    return ~ok | (d > threshold * np.where(ok, sp, 0.0))
 
 
 def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
