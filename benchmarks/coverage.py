@@ -168,8 +168,11 @@ def config_of(args: argparse.Namespace, case: str) -> str | None:
 
 
 def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
-    return out / "coverage" / (f"{case}-{k:03d}.json" if args.workflow == "ensemble" else
-                               f"{case}-{args.workflow}-{k:03d}.json")
+    """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
+    so that a variant never overwrites the preset's records."""
+    tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
+        f"-{profile(args, case)['id']}" if args.set and not args.smoke else "")
+    return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
 
 def env_config(case: str, sets: list[str]):

@@ -67,6 +67,10 @@ class ParametricConfig:
                              "mixture over p", min=0.0)
     g_out_scale: float = opt(0.1, "scale of the generator's output-layer weights at initialisation (small: every "
                              "run starts near the middle of the parameter box)", min=0.0)
+    g_start: float = opt(0.0, "spread of the generator's starting point: 0 starts every run at the middle of the "
+                         "parameter box; s in (0, 1) starts each one at a random point of the box's middle fraction s "
+                         "(from its seed), so that independent members (--mode ensemble) enter a flat, correlated "
+                         "direction at different points and their spread shows it", min=0.0, max=0.99)
     hidden: int = opt(128, "hidden width of both networks", min=1)
     layers: int = opt(4, "hidden layers of both networks", min=1)
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
@@ -311,6 +315,9 @@ class ParametricEnvironment(Environment):
         if c.g_out_scale != 1.0:
             with torch.no_grad():
                 G[-2].weight.mul_(c.g_out_scale)  # G[-1] is the Sigmoid, G[-2] the output Linear
+        if c.g_start > 0:  # start at a random point of the box's middle fraction g_start (the torch seed's)
+            with torch.no_grad():
+                G[-2].bias.copy_(torch.logit(0.5 + c.g_start * (torch.rand(len(self.names)) - 0.5)))
         return G.to(self.device)
 
     def build_discriminator(self) -> torch.nn.Module:

@@ -125,3 +125,28 @@ def test_smear1d_trains_and_says_whose_quality_it_logs(site, tmp_path):
     assert all(rec["quality_of"] == "all ranks" and rec["parameter_names"] == ["tau", "resolution"] for rec in recs)
     assert "the table is the mean of all 1 rank(s)' generators" in r.stdout
     assert "sagips: convergence (" in r.stdout and "resolution" in r.stdout
+
+
+def test_g_start_spreads_the_starting_points_inside_the_box(smear):
+    """environment.g_start: 0 keeps every run at the box's middle; s > 0 starts each seed at its own point of the
+    middle fraction s of every parameter's range."""
+    cls = smear
+
+    def start(seed, g_start):
+        cfg = from_dict(cls.Config, {"g_start": g_start, "hidden": 8, "layers": 1}, "environment.")
+        cfg.name = cls.name
+        torch.manual_seed(seed)
+        env = cls(cfg, "cpu", seed)
+        G = env.build_generator()
+        with torch.no_grad():
+            return env.to_physical(G(torch.zeros(1, env.noise_dim)))[0].numpy(), env
+
+    mid, env = start(1, 0.0)
+    lo, hi = env.pmin.numpy(), env.pmax.numpy()
+    assert abs((mid - (lo + hi) / 2) / (hi - lo)).max() < 0.05
+    starts = [start(seed, 0.8)[0] for seed in range(8)]
+    u = [(p - lo) / (hi - lo) for p in starts]
+    assert all(((x > 0.09) & (x < 0.91)).all() for x in u)
+    assert min(abs(x - y).max() for i, x in enumerate(u) for y in u[i + 1:]) > 0.01  # every seed its own start
+    assert max(abs(x - 0.5).max() for x in u) > 0.2
+    assert (start(3, 0.8)[0] == starts[3]).all()  # the seed decides
