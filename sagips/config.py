@@ -135,6 +135,14 @@ class EnsembleConfig:
     """Ensembles of independent runs inside one mpiexec."""
 
     members: int = opt(1, "split the world into this many independent runs (member{m:03d}/ subdirectories)", min=1)
+    data: str = opt("shared", "how the members get their reference data: 'shared' (each rank keeps its random "
+                    "environment.subset_fraction of the whole data set, so the members' subsets overlap) or 'split' "
+                    "(the data set is dealt out in disjoint parts, by data.subset's blocks or rows in a random order "
+                    "from the seed: one part per member, or per rank in --mode ensemble, whose ranks are independent; "
+                    "each rank keeps its subset_fraction of its part). Split members are independent estimates: "
+                    "sagips.analyze's sigma is then their standard error s/sqrt(M), exact for the statistical and "
+                    "the training noise alike (docs/analysis.md); set environment.subset_fraction=1 to use every "
+                    "event once", choices=("shared", "split"))
 
 
 @dataclass

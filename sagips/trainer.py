@@ -325,7 +325,7 @@ class Trainer:
                               f"({saved.get('file') or 'generated data'}, layout {saved.get('layout')}; now "
                               f"{now.get('layout')}); resume with the original file")
         saved, now = {"share": "rank", **saved}, {"share": "rank", **now}  # (a state from before data.share)
-        diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset", "share", "node")
+        diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset", "share", "node", "split")
                 if saved.get(k) != now.get(k)]
         if diff:
             changes = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff)

@@ -148,7 +148,8 @@ def test_a_read_in_a_thread_trains_on_the_same_rows(tmp_path, data_file, monkeyp
     monkeypatch.setattr(run, "_in_background", lambda fn, *a: threaded.append(fn.__name__) or real(fn, *a))
     args = ["--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", "2", "--set",
             f"environment.data_file={data_file}", "--set", "environment.param_samples=8", "--set",
-            "environment.events_per_sample=10", "--set", "train.quality_samples=8", "--set", "train.checkpoint_every=2"]
+            "environment.events_per_sample=10", "--set", "train.quality_samples=8", "--set", "train.checkpoint_every=2",
+            "--set", "train.amp=none"]  # (auto probes the speed: under load two runs could pick two precisions)
     for name, threshold in (("thread", 0), ("main", 1 << 62)):
         monkeypatch.setattr(run, "BACKGROUND_READ_BYTES", threshold)
         assert run.main([*args, "--output-dir", str(tmp_path / name)]) == 0

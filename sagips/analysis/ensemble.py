@@ -319,6 +319,12 @@ def independent_ranks(run: Run) -> bool:
     return run.mode == "ensemble"
 
 
+def split_data(info: dict[str, Any]) -> bool:
+    """Did the run's members (its ranks, in --mode ensemble) learn from disjoint parts of the data
+    (ensemble.data=split)? Then they are independent estimates."""
+    return ((info.get("config") or {}).get("ensemble") or {}).get("data") == "split"
+
+
 def data_identity(run: Run) -> Any:
     """What makes two runs' reference data the same set: the file, or the seed and truth it was generated from."""
     env = (run.info.get("config") or {}).get("environment") or {}
@@ -404,7 +410,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     values, seen = _members(g.runs, rows)
     known = [f for f in seen if f is not None]
     f = float(np.mean(known)) if len(known) == len(seen) else None
-    shared = len({data_identity(r) for r in g.runs}) == 1
+    # one data set, in overlapping subsets; disjoint parts of it (every run split) are independent data
+    shared = len({data_identity(r) for r in g.runs}) == 1 and not all(split_data(r.info) for r in g.runs)
     series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
@@ -435,7 +442,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = "one rank: no spread to judge the movement against"
     elif str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
-                              None if f is None else stats.seen_fraction(f, 1), True)
+                              None if f is None else stats.seen_fraction(f, 1), not split_data(info))
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
     else:  # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
         u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),

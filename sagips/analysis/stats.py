@@ -182,8 +182,9 @@ def members_factor(seen: float | None, n_members: int, shared_data: bool) -> flo
       s^2 estimates sigma_stat^2 (1/seen - 1) + sigma_train^2, and the error of the mean of M members is
       sigma_stat^2 (1 + (1/seen - 1)/M) + sigma_train^2/M <= s^2 (seen/(1 - seen) + 1/M): factor^2 = seen/(1-seen)
       + 1/M (exact for the statistical part, conservative for the training part). seen = 0.5: factor^2 = 1 + 1/M.
-    - Members with independent data sets (separate runs, each generating its own from its seed): the mean of M
-      independent estimates, factor = 1/sqrt(M).
+    - Members with independent data sets (separate runs, each generating its own from its seed), or with disjoint
+      parts of one data set (ensemble.data=split): the mean of M independent estimates, factor = 1/sqrt(M), exact
+      for the statistical and the training noise alike.
     - seen = 1 (every member learns from all the data) or unknown: the scatter holds no statistical error; factor =
       1/sqrt(M), the training noise of the mean alone (the caller says so).
     """

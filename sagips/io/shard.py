@@ -15,6 +15,10 @@ Modes (config `data.subset`):
 - `rows`: the rows are a uniform random choice (what every rank did before, when rank 0 broadcast the whole file);
   the rank reads the file in blocks and keeps its rows (all of the file passes through each rank: for small files).
 
+With `ensemble.data: split` the units (blocks or rows) are first dealt out among the job's independent estimates
+(the members, or every rank in --mode ensemble) by `member_part`, in a random order from the job's seed, and each rank
+keeps its fraction of its own part only: the parts are disjoint and together hold every row.
+
 With `data.share: node` the ranks of one node hold one subset, keyed by `node_seed(seed, member, node)` instead of
 the rank's seed, in one shared-memory window (sagips/io/nodeshare.py); each rank reads `rows_between` its part of it.
 
@@ -138,20 +142,55 @@ def node_seed(seed: int, member: int, node: int) -> int:
     return int(s.generate_state(2, dtype=np.uint32)[1])
 
 
-def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: str) -> np.ndarray:
-    """This rank's rows as sorted, disjoint [start, stop) ranges, shape (k, 2), int64: a pure function of the
-    arguments (the state key)."""
+def part_seed(seed: int) -> int:
+    """The numpy seed that deals the rows out among the parts of `ensemble.data=split` (`member_part`): one per job
+    (every member shares it), from a stream that no rank's or node's seed equals."""
+    s = np.random.SeedSequence([seed], spawn_key=(2,))
+    return int(s.generate_state(1, dtype=np.uint32)[0])
+
+
+def _units(layout: dict[str, Any], mode: str) -> np.ndarray:
+    """The units a subset is made of, as [start, stop) ranges in file order: the blocks (mode blocks) or the rows."""
     n = layout["rows"]
-    k = n_keep(n, fraction, layout.get("path", ""))
-    rng = np.random.default_rng(np_seed)
-    if mode == "rows":  # the choice that rank 0's broadcast made before (same rng, same call): one row per range
-        idx = np.arange(n) if k == n else np.sort(rng.choice(n, size=k, replace=False))
-        return np.stack([idx, idx + 1], axis=1).astype(np.int64)
+    if mode == "rows":
+        idx = np.arange(n, dtype=np.int64)
+        return np.stack([idx, idx + 1], axis=1)
     if mode != "blocks":
         raise ValueError(f"unknown subset mode {mode!r}")
     b = block_rows(layout)
-    starts = rng.permutation(-(-n // b)) * b
-    stops = np.minimum(starts + b, n)
+    starts = np.arange(-(-n // b), dtype=np.int64) * b
+    return np.stack([starts, np.minimum(starts + b, n)], axis=1)
+
+
+def member_part(layout: dict[str, Any], mode: str, split: tuple[int, int, int]) -> np.ndarray:
+    """Part `index` of `parts` of the rows, split = (seed, index, parts), for `ensemble.data=split`: the units
+    (`_units`: whole blocks, or rows) are dealt out in a random order from `part_seed(seed)`, so that the parts are
+    disjoint, cover every row and hold as many units to one (the last block may be short). Sorted [start, stop)
+    ranges (k, 2)."""
+    seed, index, parts = split
+    units = _units(layout, mode)
+    if parts > len(units):
+        raise DataError(f"data file {layout.get('path') or '(generated)'}: {layout['rows']} rows in {len(units)} "
+                        f"{mode} cannot be dealt out among {parts} parts (ensemble.data=split); use data.subset=rows "
+                        f"or fewer members")
+    order = np.random.default_rng(part_seed(seed)).permutation(len(units))
+    return units[np.sort(order[index::parts])]
+
+
+def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: str,
+                  split: tuple[int, int, int] | None = None) -> np.ndarray:
+    """This rank's rows as sorted, disjoint [start, stop) ranges, shape (k, 2), int64: a pure function of the
+    arguments (the state key). `split` = (seed, index, parts): the rank keeps its `fraction` of part `index` only
+    (`member_part`), not of the whole file."""
+    units = _units(layout, mode) if split is None else member_part(layout, mode, split)
+    lengths = units[:, 1] - units[:, 0]
+    k = n_keep(int(lengths.sum()), fraction, layout.get("path", ""))
+    rng = np.random.default_rng(np_seed)
+    if mode == "rows":  # the choice that rank 0's broadcast made before (same rng, same call): one row per range
+        pick = np.arange(len(units)) if k == len(units) else np.sort(rng.choice(len(units), size=k, replace=False))
+        return units[pick]
+    units = units[rng.permutation(len(units))]  # whole blocks in a seeded random order
+    starts, stops = units[:, 0], units[:, 1]
     taken = np.cumsum(stops - starts)
     last = int(np.searchsorted(taken, k))  # the block that completes k rows; only its first rows are kept
     starts, stops = starts[:last + 1], stops[:last + 1].copy()
@@ -230,11 +269,12 @@ def reader(path: str, layout: dict[str, Any], datasets: dict[str, int]):
     return lambda ranges, out: read_subset(path, layout, ranges, datasets, out)
 
 
-def plan_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str
-                ) -> tuple[dict[str, Any], np.ndarray]:
-    """(the layout, the ranges of the subset of `np_seed`) on every rank of `comm`; only the layout is broadcast."""
+def plan_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str,
+                split: tuple[int, int, int] | None = None) -> tuple[dict[str, Any], np.ndarray]:
+    """(the layout, the ranges of the subset of `np_seed`, of part `split` if given) on every rank of `comm`; only
+    the layout is broadcast."""
     layout = share_layout(comm, path, datasets)
-    return layout, agree(comm, subset_ranges, np_seed, layout, fraction, mode)
+    return layout, agree(comm, subset_ranges, np_seed, layout, fraction, mode, split)
 
 
 def load_subset(comm, path: str, datasets: dict[str, int], np_seed: int, fraction: float, mode: str

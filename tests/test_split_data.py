@@ -1,0 +1,111 @@
+"""ensemble.data=split (issue 36): the members learn from disjoint parts of one data set, so that they are independent
+estimates and sagips.analyze's sigma is their standard error s/sqrt(M).
+
+The parts are checked against the file itself (column 1 holds the row number): disjoint, covering every row, each
+rank's subset inside its part; without split the subsets are those of before (tests/test_shard.py pins them). A real
+2-member toy1d job records its parts, and analyze turns its members' scatter into s/sqrt(M)."""
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from sagips.analysis import stats
+from sagips.io import shard
+from sagips.io.refdata import DataError
+from tests._mpirun import run_mpi
+from tests._plugins import add_to_sys_path, pythonpath, toy_site
+from tests.test_toy1d_e2e import TINY
+
+ROWS, CHUNK = 20000, 256
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("split") / "ref.h5"
+    ev = np.stack([np.random.default_rng(0).random(ROWS), np.arange(ROWS)], axis=1).astype(np.float32)
+    with h5py.File(p, "w") as f:
+        f.create_dataset("events", data=ev, chunks=(CHUNK, 2))
+    return p
+
+
+def rows_of(path, layout, ranges):
+    return shard.read_subset(str(path), layout, ranges, {"events": 2})["events"][:, 1].astype(np.int64)
+
+
+@pytest.mark.parametrize("mode", ["blocks", "rows"])
+@pytest.mark.parametrize("parts", [2, 3, 8])
+def test_parts_are_disjoint_and_cover_the_file(data_file, mode, parts):
+    layout = shard.read_layout(data_file, {"events": 2})
+    got = [rows_of(data_file, layout, shard.member_part(layout, mode, (7, i, parts))) for i in range(parts)]
+    every = np.concatenate(got)
+    assert len(every) == ROWS and np.array_equal(np.sort(every), np.arange(ROWS))  # disjoint and complete
+    unit = CHUNK if mode == "blocks" else 1
+    assert max(map(len, got)) - min(map(len, got)) < 2 * unit  # fair shares: one unit, and the short last block
+    if mode == "blocks":  # whole chunks
+        assert all(np.all(r[::CHUNK] % CHUNK == 0) for r in got)
+    assert not np.array_equal(got[0], np.arange(len(got[0])))  # dealt in a random order, not cut in stretches
+    # another seed deals another way; the same seed the same way
+    assert not np.array_equal(shard.member_part(layout, mode, (8, 0, parts)),
+                              shard.member_part(layout, mode, (7, 0, parts)))
+    assert np.array_equal(shard.member_part(layout, mode, (7, 1, parts)), shard.member_part(layout, mode, (7, 1, parts)))
+
+
+@pytest.mark.parametrize("mode", ["blocks", "rows"])
+def test_a_ranks_subset_is_its_fraction_of_its_part(data_file, mode):
+    layout = shard.read_layout(data_file, {"events": 2})
+    part = set(rows_of(data_file, layout, shard.member_part(layout, mode, (3, 1, 4))))
+    for seed in (11, 12):
+        mine = rows_of(data_file, layout, shard.subset_ranges(seed, layout, 0.5, mode, (3, 1, 4)))
+        assert set(mine) <= part and len(mine) == round(0.5 * len(part)) and len(set(mine)) == len(mine)
+    whole = rows_of(data_file, layout, shard.subset_ranges(11, layout, 1.0, mode, (3, 1, 4)))
+    assert set(whole) == part
+
+
+def test_more_parts_than_blocks_is_one_line(data_file):
+    layout = shard.read_layout(data_file, {"events": 2})
+    with pytest.raises(DataError) as e:
+        shard.member_part(layout, "blocks", (1, 0, 200))  # 20000 rows in 79 blocks
+    assert "\n" not in str(e.value) and "data.subset=rows" in str(e.value) and "200 parts" in str(e.value)
+    assert len(shard.member_part(layout, "rows", (1, 0, 200))) == ROWS // 200
+
+
+def test_split_members_are_independent_in_analyze(tmp_path, monkeypatch):
+    """A real job: 2 members of 1 rank (--mode ensemble), toy1d's data generated per rank, split. Each records its
+    part; their rows, rebuilt from the file that the seed gives, are disjoint; analyze's factor is 1/sqrt(2)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    paths = toy_site(site)
+    out = tmp_path / "job"
+    r = run_mpi(2, TINY + ["--mode", "ensemble", "--ensemble-size", "2", "--epochs", "2", "--set",
+                           "ensemble.data=split", "--set", "environment.subset_fraction=1.0",
+                           "--output-dir", str(out)], env=pythonpath(paths), timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    infos = [json.loads((out / f"member{m:03d}" / "run.json").read_text()) for m in (0, 1)]
+    assert [i["reference_data"]["split"] for i in infos] == [[0, 2], [1, 2]]
+    assert sum(i["reference_data"]["rows"] for i in infos) == 20000  # every event once
+
+    from sagips.analyze import main as analyze_main
+
+    add_to_sys_path(paths, monkeypatch)
+    assert analyze_main([str(out), "--out", str(tmp_path / "rep"), "--noise-samples", "16", "--resamples", "2",
+                         "--final-noise-samples", "16"]) == 0
+    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    assert u["n_members"] == 2 and u["factor"] == pytest.approx(1 / math.sqrt(2))
+    np.testing.assert_allclose(u["members"], np.asarray(u["scatter"]) / math.sqrt(2), rtol=1e-6)
+
+
+def test_the_factor_of_disjoint_parts_is_exact_for_training_noise_too():
+    """Monte Carlo of the estimator model of stats.members_factor: members on disjoint parts of one data set, each
+    with training noise as large as its statistical error; s/sqrt(M) is the rms error of the mean, while the
+    shared-data factor (half-sampling) would overstate it."""
+    rng = np.random.default_rng(1)
+    m, trials, n = 8, 20000, 4000
+    x = rng.normal(size=(trials, n))  # each trial: one data set of n events, truth 0
+    parts = x.reshape(trials, m, n // m).mean(axis=2)  # each member's statistical estimate from its own part
+    est = parts + rng.normal(scale=parts.std(), size=parts.shape)  # + its training noise, as large
+    err = est.mean(axis=1)
+    s = est.std(axis=1, ddof=1)
+    ratio = math.sqrt(np.mean(err ** 2) / np.mean((s * stats.members_factor(None, m, shared_data=False)) ** 2))
+    assert ratio == pytest.approx(1.0, abs=0.03)
