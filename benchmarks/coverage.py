@@ -88,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--commit", action="store_true", help="git commit each replica's JSON as it finishes")
     p.add_argument("--smoke", action="store_true", help="a tiny profile: smear1d, 1 replica of 2 members, 6 epochs")
     p.add_argument("--page-only", action="store_true", help="only write the page from the JSON there is")
+    p.add_argument("--frozen-code", action="store_true",
+                   help="run from a copy of HEAD's committed code (runs/coverage/code-SHA, benchmarks/frozen.py), so "
+                        "that edits of the working tree do not reach a study that runs for hours; the records and "
+                        "the page still go to --out")
     a = p.parse_args(argv)
     if a.smoke:
         a.case, a.replicas, a.members, a.noise_samples = ["smear1d"], SMOKE["replicas"], SMOKE["members"], \
@@ -226,15 +230,15 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
                     "n_members": u.n_members, "factor": u.factor, "k68": u.k68, "k95": u.k95,
                     "spread_from": u.spread_from, "notes": u.notes},
             "moving": [c["moving"] for c in conv],
-            "ml": ml, "wall_s": round(time.perf_counter() - t0, 1),
+            "ml": ml, "wall_s": round(time.perf_counter() - t0, 1), "code": os.environ.get("SAGIPS_FROZEN_CODE"),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def commit(path: Path, message: str) -> None:
-    rel = os.path.relpath(path, ROOT)
+    rel, repo = path.name, path.resolve().parent  # (the repository of --out: with --frozen-code ROOT is an export)
     for _ in range(10):  # another engineer's commit may hold .git/index.lock for a moment
-        if subprocess.run(["git", "add", rel], cwd=ROOT).returncode == 0 and subprocess.run(
-                ["git", "commit", "-q", "-m", message, "--", rel], cwd=ROOT).returncode == 0:
+        if subprocess.run(["git", "add", rel], cwd=repo).returncode == 0 and subprocess.run(
+                ["git", "commit", "-q", "-m", message, "--", rel], cwd=repo).returncode == 0:
             return
         time.sleep(3)
     print(f"coverage: could not commit {rel}", file=sys.stderr)
@@ -419,9 +423,27 @@ def page(out: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_frozen(argv: list[str], out: Path) -> None:
+    """Run this script again from an export of HEAD (sagips, the environments, the examples, the benchmarks and the
+    tests' helpers), with that export first on PYTHONPATH for every import of the study and of its training runs;
+    --out stays this tree's. Replaces this process."""
+    from benchmarks import frozen
+
+    sha = frozen.head()
+    code, _ = frozen.export(ROOT / "runs" / "coverage" / f"code-{sha[:12]}",
+                            (*frozen.PARTS, "examples", "benchmarks", "tests"), sha)
+    env = dict(os.environ, SAGIPS_FROZEN_CODE=sha,
+               PYTHONPATH=os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    args = [a for a in argv if a != "--frozen-code"] + ["--out", str(out.resolve())]
+    print(f"coverage: running from {code} (commit {sha[:10]})", flush=True)
+    os.execve(sys.executable, [sys.executable, str(code / "benchmarks" / "coverage.py"), *args], env)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
+    if args.frozen_code and not args.page_only and not os.environ.get("SAGIPS_FROZEN_CODE"):
+        run_frozen(list(sys.argv[1:] if argv is None else argv), out)
     (out / "coverage").mkdir(parents=True, exist_ok=True)
     if not args.page_only:
         with tempfile.TemporaryDirectory(prefix="sagips-coverage-") as tmp:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import frozen  # noqa: E402  (ROOT is on sys.path: paper_table4)
 import paper_table4 as pt4
 
 ROOT = pt4.ROOT
@@ -107,24 +108,9 @@ class Study:
 
 
 def snapshot(runs: Path) -> tuple[Path, str]:
-    """The committed code that the study runs: HEAD's sagips/, environments/ and configs/ at the study's first
-    start, exported once into RUNS/code and reused on every resume (others edit the working tree while the study
-    runs for hours, and every run of it must run the same code). The export has a `sagips_environments` link, so
-    that with PYTHONPATH=RUNS/code the environments' entry points (sagips_environments.*) load from it too."""
-    code = runs / "code"
-    if not (code / "COMMIT").exists():
-        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-        tmp = runs / "code.tmp"
-        subprocess.run(["rm", "-rf", str(tmp)], check=True)
-        tmp.mkdir(parents=True)
-        tar = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "sagips", "environments", "configs"],
-                             capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
-        (tmp / "sagips_environments").symlink_to("environments")
-        (tmp / "COMMIT").write_text(sha + "\n")
-        tmp.rename(code)
-    return code, (code / "COMMIT").read_text().strip()
+    """The committed code that the study runs (benchmarks/frozen.py): HEAD's sagips/, environments/ and configs/ at
+    the study's first start, exported once into RUNS/code and reused on every resume."""
+    return frozen.export(runs / "code")
 
 
 # ----------------------------------------------------------------------------------------------- running

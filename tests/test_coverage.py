@@ -45,3 +45,21 @@ def test_smoke_run_workflow_reports_the_floor_without_tuning(tmp_path, monkeypat
     assert rec["gan"]["n_members"] == 1 and rec["gan"]["spread_from"] == "ranks"
     page = (tmp_path / "coverage.md").read_text()
     assert "## smear1d: the floor without tuning (profile " in page and "| tau | 1 |" in page
+
+
+def test_frozen_code_and_split_members(tmp_path):
+    """--frozen-code runs the study from an export of HEAD (the record names its commit; the records still go to
+    --out), and members on disjoint parts of the data (ensemble.data=split) give sigma = s/sqrt(M)."""
+    import math
+    import subprocess
+
+    from tests._mpirun import ROOT, run_py
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    r = run_py(["benchmarks/coverage.py", "--smoke", "--frozen-code", "--out", str(tmp_path), "--set",
+                "ensemble.data=split", "--set", "environment.subset_fraction=1.0"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"running from {ROOT / 'runs' / 'coverage' / ('code-' + head[:12])}" in r.stdout
+    (rec,) = [json.loads(f.read_text()) for f in (tmp_path / "coverage").glob("*.json")]
+    assert rec["code"] == head and rec["gan"]["n_members"] == 2
+    assert rec["gan"]["factor"] == 1 / math.sqrt(2)  # independent members: the standard error of their mean
