@@ -10,6 +10,8 @@ environments' entry points (sagips_environments.*) load from it too. Used by ben
 """
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Sequence
@@ -24,16 +26,22 @@ def head() -> str:
 
 
 def export(code: Path, parts: Sequence[str] = PARTS, sha: str | None = None) -> tuple[Path, str]:
-    """`parts` of commit `sha` (default HEAD) exported into `code`, unless an export is there already (its COMMIT
-    file is written last, through a rename: a killed export is redone); (code, the export's commit)."""
+    """`parts` of commit `sha` (default HEAD) exported into `code`, unless an export is there already; (code, the
+    export's commit). The export is made in a folder of this process's own and renamed into place whole, so that a
+    killed export is redone and two studies started together do not mix their files (the second rename loses)."""
     if not (code / "COMMIT").exists():
         sha = sha or head()
-        tmp = code.with_name(code.name + ".tmp")
-        subprocess.run(["rm", "-rf", str(tmp)], check=True)
+        tmp = code.with_name(f"{code.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         tar = subprocess.run(["git", "-C", str(ROOT), "archive", sha, *parts], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tmp)], input=tar, check=True)
         (tmp / "sagips_environments").symlink_to("environments")
         (tmp / "COMMIT").write_text(sha + "\n")
-        tmp.rename(code)
+        try:
+            tmp.rename(code)
+        except OSError:
+            if not (code / "COMMIT").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another study exported the same commit first
     return code, (code / "COMMIT").read_text().strip()

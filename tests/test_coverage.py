@@ -63,3 +63,27 @@ def test_frozen_code_and_split_members(tmp_path):
     (rec,) = [json.loads(f.read_text()) for f in (tmp_path / "coverage").glob("*.json")]
     assert rec["code"] == head and rec["gan"]["n_members"] == 2
     assert rec["gan"]["factor"] == 1 / math.sqrt(2)  # independent members: the standard error of their mean
+
+
+def test_studies_started_together_share_one_intact_export(tmp_path):
+    """benchmarks/frozen.py: three processes export HEAD into one folder at once; each gets the same commit and
+    the folder holds HEAD's files, with no leftover temporary folder."""
+    import multiprocessing as mp
+    import subprocess
+
+    from benchmarks import frozen
+
+    code = tmp_path / "code-x"
+    with mp.get_context("spawn").Pool(3) as pool:
+        shas = pool.map(_export, [code] * 3)
+    assert len(set(shas)) == 1 and shas[0] == frozen.head()
+    assert [p.name for p in tmp_path.iterdir()] == ["code-x"]
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", shas[0], "sagips"], cwd=frozen.ROOT,
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(str(p.relative_to(code)) for p in (code / "sagips").rglob("*") if p.is_file()) == sorted(listed)
+
+
+def _export(code):
+    from benchmarks import frozen
+
+    return frozen.export(code)[1]

@@ -94,6 +94,8 @@ def test_split_members_are_independent_in_analyze(tmp_path, monkeypatch):
     u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
     assert u["n_members"] == 2 and u["factor"] == pytest.approx(1 / math.sqrt(2))
     np.testing.assert_allclose(u["members"], np.asarray(u["scatter"]) / math.sqrt(2), rtol=1e-6)
+    assert any("disjoint parts" in n for n in u["notes"])
+    assert "disjoint parts of one data set" in (tmp_path / "rep" / "summary.md").read_text()
 
 
 def test_the_factor_of_disjoint_parts_is_exact_for_training_noise_too():

@@ -416,6 +416,9 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
     u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
+    if u.spread_from == "members" and all(split_data(r.info) for r in g.runs):
+        u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
+                       "estimates, so members = s/√M holds their statistical error and training noise exactly")
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
     return u, stats.convergence(names, g.epochs, series, u.spread, fraction)
 
