@@ -111,3 +111,58 @@ def test_the_factor_of_disjoint_parts_is_exact_for_training_noise_too():
     s = est.std(axis=1, ddof=1)
     ratio = math.sqrt(np.mean(err ** 2) / np.mean((s * stats.members_factor(None, m, shared_data=False)) ** 2))
     assert ratio == pytest.approx(1.0, abs=0.03)
+
+
+def _sigma_factor(tmp_path, jobs, data_file=None):
+    """analyze's members factor for synthetic members: jobs = [(seed, [part index per member], parts)], all on
+    environment.data_file `data_file` (None: data generated from the seed)."""
+    from sagips.analyze import main as analyze_main
+    from tests.test_uncertainty import proxy1d, series, write_run
+
+    truth = np.asarray(proxy1d()[1].true_params)
+    rng = np.random.default_rng(3)
+    for j, (seed, parts, n) in enumerate(jobs):
+        for m, i in enumerate(parts):
+            path = tmp_path / f"job{j}" / f"member{m:03d}"
+            write_run(path, "ensemble", series(truth, rng.normal(0, 0.01, (1, 6)) * np.abs(truth)), seed=seed,
+                      member=m, split=[i, n])
+            if data_file:
+                info = json.loads((path / "run.json").read_text())
+                info["config"]["environment"]["data_file"] = data_file
+                (path / "run.json").write_text(json.dumps(info))
+    assert analyze_main([str(tmp_path / f"job{j}") for j in range(len(jobs))]
+                        + ["--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
+                           "--final-noise-samples", "4", "--group-by", "mode"]) == 0
+    return json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]["factor"]
+
+
+def test_only_the_parts_of_one_split_count_as_independent(tmp_path):
+    # the 4 parts of one job: independent
+    assert _sigma_factor(tmp_path / "a", [(1, [0, 1, 2, 3], 4)]) == pytest.approx(0.5)
+    # two jobs with the same seed hold the same two parts twice: one data set, half-sampled (each rank keeps 0.5 of
+    # a part of 2: a quarter of the set)
+    half = math.sqrt(0.25 / 0.75 + 1 / 4)
+    assert _sigma_factor(tmp_path / "b", [(1, [0, 1], 2), (1, [0, 1], 2)]) == pytest.approx(half)
+    # two jobs with different seeds on one data file deal their parts apart: parts of the two overlap
+    assert _sigma_factor(tmp_path / "c", [(1, [0, 1], 2), (2, [0, 1], 2)], "/data/ref.h5") == pytest.approx(half)
+    # (without a file, two seeds generate two independent data sets)
+    assert _sigma_factor(tmp_path / "d", [(1, [0, 1], 2), (2, [0, 1], 2)]) == pytest.approx(0.5)
+
+
+def test_a_split_with_nothing_to_split_is_one_line(tmp_path):
+    from tests._mpirun import run_py
+
+    r = run_py(["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--epochs", "1", "--no-progress",
+                "--set", "ensemble.data=split", "--output-dir", str(tmp_path / "x")], timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "ensemble.data=split: there is nothing to split" in errors[0], r.stderr[-2000:]
+
+
+def test_split_ranks_cannot_share_a_node_window(tmp_path):
+    r = run_mpi(2, ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--epochs", "1", "--no-progress",
+                    "--mode", "ensemble", "--set", "ensemble.data=split", "--set", "data.share=node",
+                    "--output-dir", str(tmp_path / "x")], timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    errors = {line for line in r.stderr.splitlines() if "error" in line}
+    assert len(errors) == 1 and "use data.share=rank" in errors.pop(), r.stderr[-2000:]

@@ -37,12 +37,16 @@ def fixed_generator(env, p):
     return G
 
 
-def write_run(path, mode, preds, seed=1, member=0):
-    """preds: {epoch: (R, 6)} -> a sagips.run output directory with R ranks."""
+def write_run(path, mode, preds, seed=1, member=0, split=None):
+    """preds: {epoch: (R, 6)} -> a sagips.run output directory with R ranks; split = [index, parts] of
+    ensemble.data=split."""
     env, cfg = proxy1d()
     ranks = len(next(iter(preds.values())))
     info = {"environment": "proxy1d", "mode": mode, "world_size": ranks, "member": member,
             "truth": list(cfg.true_params), "config": {"seed": seed, "environment": {"name": "proxy1d", **ENV}}}
+    if split is not None:
+        info["config"]["ensemble"] = {"data": "split"}
+        info["reference_data"] = {"split": list(split)}
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps(info))
     for epoch, rows in preds.items():

@@ -319,10 +319,27 @@ def independent_ranks(run: Run) -> bool:
     return run.mode == "ensemble"
 
 
-def split_data(info: dict[str, Any]) -> bool:
-    """Did the run's members (its ranks, in --mode ensemble) learn from disjoint parts of the data
-    (ensemble.data=split)? Then they are independent estimates."""
-    return ((info.get("config") or {}).get("ensemble") or {}).get("data") == "split"
+def split_part(info: dict[str, Any]) -> tuple[int, int] | None:
+    """(index, parts): the run's part of the data under ensemble.data=split (its rank 0's; the ranks of a --mode
+    ensemble run hold index .. index + ranks - 1), from run.json; None where the data were not split."""
+    if ((info.get("config") or {}).get("ensemble") or {}).get("data") != "split":
+        return None
+    sp = (info.get("reference_data") or {}).get("split")
+    return (int(sp[0]), int(sp[1])) if isinstance(sp, list) and len(sp) == 2 else None
+
+
+def disjoint_parts(runs: Sequence[Run]) -> bool:
+    """Did the runs' members learn from disjoint parts of one data set, i.e. are they independent estimates? Only
+    where every run is a part of one split: the same data and seed, the same number of parts (> 1), no part twice.
+    (Separate split jobs deal their parts apart, so parts of two jobs overlap; one part of one is the whole set.)"""
+    parts = [split_part(r.info) for r in runs]
+    if any(p is None for p in parts) or len({p[1] for p in parts}) != 1 or parts[0][1] < 2:
+        return False
+    if len({data_identity(r) for r in runs}) != 1 or len({(r.info.get("config") or {}).get("seed") for r in runs}) > 1:
+        return False
+    taken = [i + k for r, (i, _) in zip(runs, parts)
+             for k in range(len(r.checkpoints) if independent_ranks(r) else 1)]
+    return len(taken) == len(set(taken))
 
 
 def data_identity(run: Run) -> Any:
@@ -347,6 +364,9 @@ def _members(runs: Sequence[Run], rank_rows: Sequence[np.ndarray]) -> tuple[np.n
         # what the ranks really kept (hvd trains every rank on all the data whatever the config says)
         f = run.info.get("reference_fraction",
                          ((run.info.get("config") or {}).get("environment") or {}).get("subset_fraction"))
+        part = split_part(run.info)
+        if f is not None and part is not None:
+            f = f / part[1]  # a rank keeps f of its part: f / parts of the whole data set
         if independent_ranks(run):
             rows.extend(rp)
             seen.extend([None if f is None else stats.seen_fraction(f, 1)] * len(rp))
@@ -411,12 +431,13 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     known = [f for f in seen if f is not None]
     f = float(np.mean(known)) if len(known) == len(seen) else None
     # one data set, in overlapping subsets; disjoint parts of it (every run split) are independent data
-    shared = len({data_identity(r) for r in g.runs}) == 1 and not all(split_data(r.info) for r in g.runs)
+    split = disjoint_parts(g.runs)
+    shared = len({data_identity(r) for r in g.runs}) == 1 and not split
     series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
     u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
-    if u.spread_from == "members" and all(split_data(r.info) for r in g.runs):
+    if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
@@ -445,7 +466,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = "one rank: no spread to judge the movement against"
     elif str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
-                              None if f is None else stats.seen_fraction(f, 1), not split_data(info))
+                              None if f is None else stats.seen_fraction(f, 1), split_part(info) is None)
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
     else:  # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
         u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),

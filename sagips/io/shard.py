@@ -182,11 +182,16 @@ def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: s
     """This rank's rows as sorted, disjoint [start, stop) ranges, shape (k, 2), int64: a pure function of the
     arguments (the state key). `split` = (seed, index, parts): the rank keeps its `fraction` of part `index` only
     (`member_part`), not of the whole file."""
+    rng = np.random.default_rng(np_seed)
+    if mode == "rows" and split is None:  # the choice that rank 0's broadcast made before (same rng, same call)
+        n = layout["rows"]
+        k = n_keep(n, fraction, layout.get("path", ""))
+        idx = np.arange(n) if k == n else np.sort(rng.choice(n, size=k, replace=False))
+        return np.stack([idx, idx + 1], axis=1).astype(np.int64)
     units = _units(layout, mode) if split is None else member_part(layout, mode, split)
     lengths = units[:, 1] - units[:, 0]
     k = n_keep(int(lengths.sum()), fraction, layout.get("path", ""))
-    rng = np.random.default_rng(np_seed)
-    if mode == "rows":  # the choice that rank 0's broadcast made before (same rng, same call): one row per range
+    if mode == "rows":  # a uniform choice of the part's rows: one row per range
         pick = np.arange(len(units)) if k == len(units) else np.sort(rng.choice(len(units), size=k, replace=False))
         return units[pick]
     units = units[rng.permutation(len(units))]  # whole blocks in a seeded random order
