@@ -675,6 +675,11 @@ def _describe(r: _Run) -> None:
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
         print(startup_line(run_info), file=sys.stderr, flush=True)
+        if r.split is not None and r.member == 0 and float(run_info.get("reference_fraction") or 1.0) < 1.0:
+            print(f"sagips: note: ensemble.data=split keeps environment.subset_fraction="
+                  f"{run_info['reference_fraction']:g} of each part, so the members together use that fraction of "
+                  f"the data; set environment.subset_fraction=1 to use every event once (docs/analysis.md)",
+                  file=sys.stderr, flush=True)
 
 
 def _fit(r: _Run):

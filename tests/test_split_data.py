@@ -82,6 +82,7 @@ def test_split_members_are_independent_in_analyze(tmp_path, monkeypatch):
                            "ensemble.data=split", "--set", "environment.subset_fraction=1.0",
                            "--output-dir", str(out)], env=pythonpath(paths), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "ensemble.data=split keeps" not in r.stderr  # (subset_fraction 1: every event once)
     infos = [json.loads((out / f"member{m:03d}" / "run.json").read_text()) for m in (0, 1)]
     assert [i["reference_data"]["split"] for i in infos] == [[0, 2], [1, 2]]
     assert sum(i["reference_data"]["rows"] for i in infos) == 20000  # every event once
@@ -166,3 +167,14 @@ def test_split_ranks_cannot_share_a_node_window(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     errors = {line for line in r.stderr.splitlines() if "error" in line}
     assert len(errors) == 1 and "use data.share=rank" in errors.pop(), r.stderr[-2000:]
+
+
+def test_a_split_that_keeps_part_of_each_part_says_so(tmp_path):
+    r = run_mpi(2, ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--epochs", "1", "--no-progress",
+                    "--mode", "ensemble", "--ensemble-size", "2", "--set", "ensemble.data=split",
+                    "--set", "environment.reference_events=4000", "--set", "environment.param_samples=4",
+                    "--set", "environment.events_per_sample=10", "--set", "train.quality_samples=8",
+                    "--output-dir", str(tmp_path / "x")], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [line for line in r.stderr.splitlines() if "ensemble.data=split keeps" in line]
+    assert len(notes) == 1 and "environment.subset_fraction=0.5 of each part" in notes[0]
