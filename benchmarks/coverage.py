@@ -199,6 +199,9 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     data = work / f"{case}-{k:03d}.h5"
     events = args.events or int(ecfg.reference_events)
     data_args = [CASES[case][1], "--out", str(data), "--events", str(events), "--seed", str(seed), "--no-progress"]
+    for s in args.set:  # another truth (--set environment.true_params.a=2.5) makes the data too
+        if s.startswith("environment.true_params"):
+            data_args += ["--set", s[len("environment."):]]
     if data_main(data_args) != 0:
         raise SystemExit(f"coverage: sagips.data {' '.join(data_args)} failed")
     run = work / f"{case}-{k:03d}-run"
