@@ -114,40 +114,39 @@ def test_the_factor_of_disjoint_parts_is_exact_for_training_noise_too():
     assert ratio == pytest.approx(1.0, abs=0.03)
 
 
-def _sigma_factor(tmp_path, jobs, data_file=None):
-    """analyze's members factor for synthetic members: jobs = [(seed, [part index per member], parts)], all on
+def _runs(tmp_path, jobs, data_file=None):
+    """Synthetic members, loaded as analyze loads them: jobs = [(seed, [part index per member], parts)], all on
     environment.data_file `data_file` (None: data generated from the seed)."""
-    from sagips.analyze import main as analyze_main
+    from sagips.analysis.ensemble import expand_run_dirs, load_run
     from tests.test_uncertainty import proxy1d, series, write_run
 
     truth = np.asarray(proxy1d()[1].true_params)
-    rng = np.random.default_rng(3)
     for j, (seed, parts, n) in enumerate(jobs):
         for m, i in enumerate(parts):
             path = tmp_path / f"job{j}" / f"member{m:03d}"
-            write_run(path, "ensemble", series(truth, rng.normal(0, 0.01, (1, 6)) * np.abs(truth)), seed=seed,
-                      member=m, split=[i, n])
+            write_run(path, "ensemble", {1: truth[None], 2: truth[None]}, seed=seed, member=m, split=[i, n])
             if data_file:
                 info = json.loads((path / "run.json").read_text())
                 info["config"]["environment"]["data_file"] = data_file
                 (path / "run.json").write_text(json.dumps(info))
-    assert analyze_main([str(tmp_path / f"job{j}") for j in range(len(jobs))]
-                        + ["--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
-                           "--final-noise-samples", "4", "--group-by", "mode"]) == 0
-    return json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]["factor"]
+    return [load_run(d) for d in expand_run_dirs([tmp_path / f"job{j}" for j in range(len(jobs))])]
 
 
 def test_only_the_parts_of_one_split_count_as_independent(tmp_path):
-    # the 4 parts of one job: independent
-    assert _sigma_factor(tmp_path / "a", [(1, [0, 1, 2, 3], 4)]) == pytest.approx(0.5)
-    # two jobs with the same seed hold the same two parts twice: one data set, half-sampled (each rank keeps 0.5 of
-    # a part of 2: a quarter of the set)
-    half = math.sqrt(0.25 / 0.75 + 1 / 4)
-    assert _sigma_factor(tmp_path / "b", [(1, [0, 1], 2), (1, [0, 1], 2)]) == pytest.approx(half)
+    from sagips.analysis.ensemble import _members, disjoint_parts
+
+    # the 4 parts of one job: independent (analyze's factor is then 1/sqrt(M): the real job above)
+    assert disjoint_parts(_runs(tmp_path / "a", [(1, [0, 1, 2, 3], 4)]))
+    # two jobs with the same seed hold the same two parts twice: one data set, half-sampled, where a rank keeps
+    # its 0.5 of a part of 2: a quarter of the set
+    runs = _runs(tmp_path / "b", [(1, [0, 1], 2), (1, [0, 1], 2)])
+    assert not disjoint_parts(runs)
+    assert _members(runs, [np.zeros((1, 6))] * 4)[1] == [pytest.approx(0.25)] * 4
     # two jobs with different seeds on one data file deal their parts apart: parts of the two overlap
-    assert _sigma_factor(tmp_path / "c", [(1, [0, 1], 2), (2, [0, 1], 2)], "/data/ref.h5") == pytest.approx(half)
-    # (without a file, two seeds generate two independent data sets)
-    assert _sigma_factor(tmp_path / "d", [(1, [0, 1], 2), (2, [0, 1], 2)]) == pytest.approx(0.5)
+    assert not disjoint_parts(_runs(tmp_path / "c", [(1, [0, 1], 2), (2, [0, 1], 2)], "/data/ref.h5"))
+    # a job whose members are not all parts of one split (a part missing is fine, a part twice is not)
+    assert disjoint_parts(_runs(tmp_path / "d", [(1, [0, 2], 3)]))
+    assert not disjoint_parts(_runs(tmp_path / "e", [(1, [1, 1], 2)]))
 
 
 def test_a_split_with_nothing_to_split_is_one_line(tmp_path):
