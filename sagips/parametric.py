@@ -377,6 +377,29 @@ class ParametricEnvironment(Environment):
     def parameter_names(self) -> list[str]:
         return list(self.names)
 
+    def fisher(self, p: Any) -> np.ndarray | None:
+        """The data's Fisher information per event (P, P) at physical parameters p (P,), for the density form: the
+        integral over the support of f (d log f/dp)(d log f/dp)^T, f normalised on the sampler's grid, in float64
+        (sagips.analyze reads strongly correlated parameters from it). None for a simulator, which has no density."""
+        if self.pipeline_method != "density":
+            return None
+        x = self.x.detach().to("cpu", torch.float64)
+
+        def log_pdf(q: torch.Tensor) -> torch.Tensor:
+            f = self.density(q[None], x)[0]
+            return torch.log(f / torch.trapezoid(f, x))
+
+        q = torch.as_tensor(np.asarray(p, dtype=np.float64))
+        with torch.enable_grad():
+            # (G, P): P forward passes, P being a few
+            score = torch.autograd.functional.jacobian(log_pdf, q, vectorize=True, strategy="forward-mode")
+            f = torch.exp(log_pdf(q)).detach()
+        w = torch.zeros_like(x)  # trapezoid weights of the grid
+        dx = x[1:] - x[:-1]
+        w[1:] += dx / 2
+        w[:-1] += dx / 2
+        return ((score * (w * f)[:, None]).T @ score).numpy()
+
     @torch.no_grad()
     def predict(self, G: torch.nn.Module, n: int) -> list[float]:
         """Mean physical prediction over n noise vectors from a fixed-seed stream of its own (logging never moves

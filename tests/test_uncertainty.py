@@ -217,3 +217,34 @@ def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_p
     u4 = group_uncertainty(g, final=predict_final(g, 4 * k, 0))[0]
     np.testing.assert_allclose(u4.sampling / claimed, 0.5, atol=0.15)
     assert np.all(u4.sigma >= u4.sampling)
+
+
+def test_the_density_fisher_matrix_against_an_independent_quadrature():
+    """ParametricEnvironment.fisher (torch, the sampler's grid) against benchmarks/toy1d.fisher (numpy, numerical
+    derivatives on a 200,001-point grid), at two points; a simulator has none."""
+    from benchmarks import toy1d
+    from tests._plugins import SMEAR_SRC, TOY_SRC
+    import sys
+
+    sys.path[:0] = [str(TOY_SRC), str(SMEAR_SRC)]
+    try:
+        from sagips_smear1d import Smear1D
+        from sagips_toy1d import Toy1D
+    finally:
+        del sys.path[:2]
+    cfg = from_dict(Toy1D.Config, {}, "environment.")
+    env = Toy1D(cfg, "cpu", 0)
+    for p in ([1.7, -0.4, 0.9], [2.5, -0.637, 1.028]):
+        np.testing.assert_allclose(env.fisher(p), toy1d.fisher(np.asarray(p)), rtol=1e-4)
+    assert Smear1D(from_dict(Smear1D.Config, {}, "environment."), "cpu", 0).fisher([1.0, 0.2]) is None
+
+
+def test_strongly_correlated_parameters_get_a_note():
+    names = ["a", "b", "c"]
+    cov = np.array([[1.0, -0.97, 0.5], [-0.97, 1.0, -0.4], [0.5, -0.4, 1.0]])
+    (note,) = stats.correlated_pairs(np.linalg.inv(cov), names)
+    assert note.startswith("a and b are -97 % correlated") and "environment.g_start" in note
+    assert stats.correlated_pairs(np.linalg.inv(np.eye(3) * 4), names) == []
+    singular = np.array([[1.0, 1.0], [1.0, 1.0]])
+    assert "singular" in stats.correlated_pairs(singular, names[:2])[0]
+    assert stats.correlated_pairs(np.full((2, 2), np.nan), names[:2]) == []

@@ -398,6 +398,7 @@ class FinalPrediction:
     noise_samples: int
     rank_preds: list[np.ndarray]  #: per run, (R, P): each rank's prediction averaged over the noise
     sampling: np.ndarray          #: (P,) the Monte-Carlo error of p^ (stats.noise_sampling_error)
+    fisher: np.ndarray | None = None  #: (P, P) the data's information per event at p^ (density environments)
 
 
 def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
@@ -415,7 +416,21 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
         acc = w * p.astype(np.float64) if acc is None else acc + w * p
         weight += w
         ranks.append(per_rank)
-    return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / weight)[None]))
+    p_hat = (acc / weight).mean(axis=0)
+    return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / weight)[None]),
+                           _fisher_at(predictors[0].env, p_hat))
+
+
+def _fisher_at(env, p: np.ndarray) -> np.ndarray | None:
+    """The environment's per-event Fisher information at p (ParametricEnvironment's density form), or None: an
+    environment without one, or a density that cannot be evaluated there (the warning it feeds is advice only)."""
+    fisher = getattr(env, "fisher", None)
+    if not callable(fisher):
+        return None
+    try:
+        return fisher(p)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None
@@ -437,10 +452,12 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
     u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
+    names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
+    if final is not None and final.fisher is not None:
+        u.notes.extend(stats.correlated_pairs(final.fisher, names))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
-    names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
     return u, stats.convergence(names, g.epochs, series, u.spread, fraction)
 
 

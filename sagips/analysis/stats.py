@@ -345,6 +345,36 @@ def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
     return ~ok | (d > threshold * np.where(ok, sp, 0.0))
 
 
+#: |correlation| of two parameters in the data's Fisher information above which analyze warns (toy1d: a-b 0.97)
+CORRELATION_WARN = 0.95
+
+
+def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float = CORRELATION_WARN) -> list[str]:
+    """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
+    (P, P) reaches `threshold`: along such a valley the GAN's fit converges slowly, members that start together can
+    stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot see")."""
+    f = np.asarray(fisher, dtype=np.float64)
+    if not np.all(np.isfinite(f)):
+        return []
+    try:
+        cov = np.linalg.inv(f)
+    except np.linalg.LinAlgError:
+        return ["the data's Fisher information at p^ is singular: some combination of the parameters is not "
+                "constrained by the data at all; sigma cannot hold its error"]
+    d = np.sqrt(np.abs(np.diag(cov)))
+    corr = cov / np.outer(d, d)
+    out = []
+    for i in range(len(d)):
+        for j in range(i + 1, len(d)):
+            if abs(corr[i, j]) >= threshold:
+                out.append(f"{names[i]} and {names[j]} are {100 * corr[i, j]:+.0f} % correlated in the data's "
+                           f"information at p^: along such a valley the fit converges slowly, members that start "
+                           f"together can stop together short of the data's maximum, and sigma then misses it; check "
+                           f"that members started apart (environment.g_start) meet (docs/analysis.md, \"What σ "
+                           f"cannot see\")")
+    return out
+
+
 def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
     """The Monte-Carlo error (P,) of p^ = the mean over members and over K shared noise vectors, from `preds`
     (N, K, P): the standard deviation over the noise of the members' mean prediction, / sqrt(K).
