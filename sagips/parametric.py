@@ -379,26 +379,33 @@ class ParametricEnvironment(Environment):
 
     def fisher(self, p: Any) -> np.ndarray | None:
         """The data's Fisher information per event (P, P) at physical parameters p (P,), for the density form: the
-        integral over the support of f (d log f/dp)(d log f/dp)^T, f normalised on the sampler's grid, in float64
-        (sagips.analyze reads strongly correlated parameters from it). None for a simulator, which has no density."""
+        integral over the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights),
+        in float64, where f > 0 (sagips.analyze reads strongly correlated parameters from it). None for a simulator,
+        which has no density, or where the density is negative or not finite at p."""
         if self.pipeline_method != "density":
             return None
         x = self.x.detach().to("cpu", torch.float64)
 
-        def log_pdf(q: torch.Tensor) -> torch.Tensor:
+        def pdf(q: torch.Tensor) -> torch.Tensor:
             f = self.density(q[None], x)[0]
-            return torch.log(f / torch.trapezoid(f, x))
+            return f / torch.trapezoid(f, x)
 
         q = torch.as_tensor(np.asarray(p, dtype=np.float64))
+        with torch.no_grad():
+            raw = self.density(q[None], x)[0]
+        if not (bool(torch.isfinite(raw).all()) and bool((raw >= 0).all()) and float(raw.sum()) > 0):
+            return None
         with torch.enable_grad():
-            # (G, P): P forward passes, P being a few
-            score = torch.autograd.functional.jacobian(log_pdf, q, vectorize=True, strategy="forward-mode")
-            f = torch.exp(log_pdf(q)).detach()
+            jac = torch.autograd.functional.jacobian(pdf, q, vectorize=True)  # (G, P)
+        f = pdf(q)
+        if not bool(torch.isfinite(jac).all()):
+            return None
         w = torch.zeros_like(x)  # trapezoid weights of the grid
         dx = x[1:] - x[:-1]
         w[1:] += dx / 2
         w[:-1] += dx / 2
-        return ((score * (w * f)[:, None]).T @ score).numpy()
+        wf = torch.where(f > 0, w / f.clamp_min(torch.finfo(f.dtype).tiny), torch.zeros_like(f))
+        return ((jac * wf[:, None]).T @ jac).numpy()
 
     @torch.no_grad()
     def predict(self, G: torch.nn.Module, n: int) -> list[float]:

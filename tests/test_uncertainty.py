@@ -239,6 +239,37 @@ def test_the_density_fisher_matrix_against_an_independent_quadrature():
     assert Smear1D(from_dict(Smear1D.Config, {}, "environment."), "cpu", 0).fisher([1.0, 0.2]) is None
 
 
+def test_the_fisher_matrix_of_a_density_with_zeros():
+    """A narrow Gaussian (its tails underflow to 0 on the grid) and a density that is 0 at both ends of the support:
+    the information is integrated where f > 0. Gaussian: diag(1/s^2, 2/s^2), analytically."""
+    from sagips import ParametricEnvironment
+
+    class Narrow(ParametricEnvironment):
+        name = "test_fisher_narrow"
+        parameters = {"mu": (0.3, 0.7), "s": (0.005, 0.05)}
+        true_params = {"mu": 0.5, "s": 0.01}
+        support = (0.0, 1.0)
+
+        def density(self, p, x):
+            return torch.exp(-0.5 * ((x - p[:, :1]) / p[:, 1:2]) ** 2)
+
+    class Edges(ParametricEnvironment):
+        name = "test_fisher_edges"
+        parameters = {"a": (0.5, 2.0), "b": (0.0, 1.0)}
+        true_params = {"a": 1.0, "b": 0.5}
+        support = (0.0, 1.0)
+
+        def density(self, p, x):
+            return p[:, :1] * x * (1 - x) + p[:, 1:2] * x * x * (1 - x)
+
+    env = Narrow(from_dict(Narrow.Config, {}, "environment."), "cpu", 0)
+    np.testing.assert_allclose(env.fisher([0.5, 0.01]), np.diag([1e4, 2e4]), rtol=1e-3, atol=1e-3)
+    env = Edges(from_dict(Edges.Config, {}, "environment."), "cpu", 0)
+    f = env.fisher([1.0, 0.5])
+    assert f.shape == (2, 2) and np.all(np.isfinite(f)) and np.linalg.eigvalsh(f)[0] > 0
+    assert env.fisher([-1.0, 0.5]) is None  # negative inside the support: no information matrix
+
+
 def test_strongly_correlated_parameters_get_a_note():
     names = ["a", "b", "c"]
     cov = np.array([[1.0, -0.97, 0.5], [-0.97, 1.0, -0.4], [0.5, -0.4, 1.0]])
@@ -247,4 +278,6 @@ def test_strongly_correlated_parameters_get_a_note():
     assert stats.correlated_pairs(np.linalg.inv(np.eye(3) * 4), names) == []
     singular = np.array([[1.0, 1.0], [1.0, 1.0]])
     assert "singular" in stats.correlated_pairs(singular, names[:2])[0]
+    # a parameter that only scales the density carries no information: singular to rounding, not exactly
+    assert "singular" in stats.correlated_pairs(np.array([[2.0, 0.0], [0.0, 1e-31]]), names[:2])[0]
     assert stats.correlated_pairs(np.full((2, 2), np.nan), names[:2]) == []

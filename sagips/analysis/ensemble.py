@@ -398,7 +398,8 @@ class FinalPrediction:
     noise_samples: int
     rank_preds: list[np.ndarray]  #: per run, (R, P): each rank's prediction averaged over the noise
     sampling: np.ndarray          #: (P,) the Monte-Carlo error of p^ (stats.noise_sampling_error)
-    fisher: np.ndarray | None = None  #: (P, P) the data's information per event at p^ (density environments)
+    fisher: np.ndarray | str | None = None  #: (P, P) the data's information per event at p^ (density
+    #: environments), or why it could not be computed
 
 
 def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
@@ -421,16 +422,19 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
                            _fisher_at(predictors[0].env, p_hat))
 
 
-def _fisher_at(env, p: np.ndarray) -> np.ndarray | None:
-    """The environment's per-event Fisher information at p (ParametricEnvironment's density form), or None: an
-    environment without one, or a density that cannot be evaluated there (the warning it feeds is advice only)."""
+def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
+    """The environment's per-event Fisher information at p (ParametricEnvironment's density form); None for an
+    environment without one (a simulator); a note where a density could not give it (the check is advice only)."""
     fisher = getattr(env, "fisher", None)
-    if not callable(fisher):
+    if not callable(fisher) or getattr(env, "pipeline_method", "density") != "density":
         return None
+    skipped = ("the correlation check of the data's information was skipped: the density could not be "
+               "differentiated at p^, or is negative or not finite there")
     try:
-        return fisher(p)
+        f = fisher(p)
     except Exception:  # noqa: BLE001
-        return None
+        return skipped
+    return skipped if f is None else f
 
 
 def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None
@@ -453,7 +457,9 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     ranks, n_ranks = _rank_spread(g.truth, rows)
     u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
-    if final is not None and final.fisher is not None:
+    if final is not None and isinstance(final.fisher, str):
+        u.notes.append(final.fisher)
+    elif final is not None and final.fisher is not None:
         u.notes.extend(stats.correlated_pairs(final.fisher, names))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "

@@ -356,12 +356,12 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     f = np.asarray(fisher, dtype=np.float64)
     if not np.all(np.isfinite(f)):
         return []
-    try:
-        cov = np.linalg.inv(f)
-    except np.linalg.LinAlgError:
+    eig = np.linalg.eigvalsh((f + f.T) / 2)
+    if eig[0] <= 1e-12 * max(eig[-1], 0.0):
         return ["the data's Fisher information at p^ is singular: some combination of the parameters is not "
                 "constrained by the data at all; sigma cannot hold its error"]
-    d = np.sqrt(np.abs(np.diag(cov)))
+    cov = np.linalg.inv(f)
+    d = np.sqrt(np.diag(cov))
     corr = cov / np.outer(d, d)
     out = []
     for i in range(len(d)):
