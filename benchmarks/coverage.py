@@ -4,6 +4,13 @@
     python benchmarks/coverage.py --workflow run --case smear1d toy1d proxy1d --replicas 5   # the floor untuned
     python benchmarks/coverage.py --page-only           # the page again, from the replicas' JSON
     python benchmarks/coverage.py --smoke --out DIR     # the whole pipeline in seconds (tests/test_coverage.py)
+    python benchmarks/coverage.py --case smear1d --members 8 --set ensemble.data=split \
+        --set environment.subset_fraction=1.0 --frozen-code --commit   # members on disjoint parts, from HEAD's code
+    python benchmarks/coverage.py --case toy1d --replicas 1 --set environment.true_params.a=2.5 ...  # another truth
+
+Any --set is passed to every training run (a profile of its own: CASE-PROFILEID-KKK.json); --set
+environment.true_params.* also makes the data at that truth. --frozen-code runs the study from an export of HEAD
+(benchmarks/frozen.py), so that edits of the working tree never reach a study that runs for hours.
 
 For each case, at its fixed truth, K reference data sets (`python -m sagips.data CASE --seed 1000+k`), and on each
 the workflow a user runs: one job of M members,
