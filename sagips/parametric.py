@@ -397,7 +397,7 @@ class ParametricEnvironment(Environment):
             return None
         with torch.enable_grad():
             jac = torch.autograd.functional.jacobian(pdf, q, vectorize=True)  # (G, P)
-        f = pdf(q)
+        f = raw / torch.trapezoid(raw, x)
         if not bool(torch.isfinite(jac).all()):
             return None
         w = torch.zeros_like(x)  # trapezoid weights of the grid

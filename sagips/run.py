@@ -343,7 +343,7 @@ def _place(r: _Run) -> None:
 
         retain_freed_memory()
     r.env_cls = get_environment(r.cfg.environment.name)
-    averaged = 1 if (r.cfg.mode == "ensemble" and r.peer is None) else r.comm.size
+    averaged = 1 if independent_ranks(r) else r.comm.size
     r.env_cfg, r.batch = data_parallel_settings(r.cfg, r.env_cls, averaged)
     r.torch_seed, r.np_seed = rank_seeds(r.cfg.seed, r.member, r.comm.rank)
     torch.manual_seed(r.torch_seed)
@@ -481,12 +481,17 @@ def _load_data(r: _Run) -> None:
     r.phase("reference_data")
 
 
+def independent_ranks(r: _Run) -> bool:
+    """Do the run's ranks train independent GANs (--mode ensemble: no exchange, no peer)?"""
+    return r.cfg.mode == "ensemble" and r.peer is None
+
+
 def data_split(r: _Run) -> tuple[int, int, int] | None:
     """ensemble.data=split: (seed, this rank's part, parts) for `shard.subset_ranges`, or None (shared data). The
     parts are the independent estimates: the members, and in --mode ensemble (no exchange) each rank of each."""
     if r.cfg.ensemble.data != "split":
         return None
-    per_member = r.comm.size if (r.cfg.mode == "ensemble" and r.peer is None) else 1
+    per_member = r.comm.size if independent_ranks(r) else 1
     index = r.member * per_member + (r.comm.rank if per_member > 1 else 0)
     return r.cfg.seed, index, r.members * per_member
 

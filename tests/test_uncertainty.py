@@ -244,30 +244,21 @@ def test_the_fisher_matrix_of_a_density_with_zeros():
     the information is integrated where f > 0. Gaussian: diag(1/s^2, 2/s^2), analytically."""
     from sagips import ParametricEnvironment
 
-    class Narrow(ParametricEnvironment):
-        name = "test_fisher_narrow"
-        parameters = {"mu": (0.3, 0.7), "s": (0.005, 0.05)}
-        true_params = {"mu": 0.5, "s": 0.01}
-        support = (0.0, 1.0)
+    def density_env(name, parameters, density):
+        """A 2-parameter density environment on [0, 1], its truth at its bounds' middle, built with its defaults."""
+        truth = {k: (lo + hi) / 2 for k, (lo, hi) in parameters.items()}
+        cls = type(name, (ParametricEnvironment,), {"name": name, "parameters": parameters, "true_params": truth,
+                                                    "support": (0.0, 1.0), "density": density})
+        return cls(from_dict(cls.Config, {}, "environment."), "cpu", 0)
 
-        def density(self, p, x):
-            return torch.exp(-0.5 * ((x - p[:, :1]) / p[:, 1:2]) ** 2)
-
-    class Edges(ParametricEnvironment):
-        name = "test_fisher_edges"
-        parameters = {"a": (0.5, 2.0), "b": (0.0, 1.0)}
-        true_params = {"a": 1.0, "b": 0.5}
-        support = (0.0, 1.0)
-
-        def density(self, p, x):
-            return p[:, :1] * x * (1 - x) + p[:, 1:2] * x * x * (1 - x)
-
-    env = Narrow(from_dict(Narrow.Config, {}, "environment."), "cpu", 0)
-    np.testing.assert_allclose(env.fisher([0.5, 0.01]), np.diag([1e4, 2e4]), rtol=1e-3, atol=1e-3)
-    env = Edges(from_dict(Edges.Config, {}, "environment."), "cpu", 0)
-    f = env.fisher([1.0, 0.5])
+    narrow = density_env("test_fisher_narrow", {"mu": (0.3, 0.7), "s": (0.005, 0.05)},
+                         lambda self, p, x: torch.exp(-0.5 * ((x - p[:, :1]) / p[:, 1:2]) ** 2))
+    edges = density_env("test_fisher_edges", {"a": (0.5, 2.0), "b": (0.0, 1.0)},
+                        lambda self, p, x: p[:, :1] * x * (1 - x) + p[:, 1:2] * x * x * (1 - x))
+    np.testing.assert_allclose(narrow.fisher([0.5, 0.01]), np.diag([1e4, 2e4]), rtol=1e-3, atol=1e-3)
+    f = edges.fisher([1.0, 0.5])
     assert f.shape == (2, 2) and np.all(np.isfinite(f)) and np.linalg.eigvalsh(f)[0] > 0
-    assert env.fisher([-1.0, 0.5]) is None  # negative inside the support: no information matrix
+    assert edges.fisher([-1.0, 0.5]) is None  # negative inside the support: no information matrix
 
 
 def test_strongly_correlated_parameters_get_a_note():

@@ -183,17 +183,13 @@ def subset_ranges(np_seed: int, layout: dict[str, Any], fraction: float, mode: s
     arguments (the state key). `split` = (seed, index, parts): the rank keeps its `fraction` of part `index` only
     (`member_part`), not of the whole file."""
     rng = np.random.default_rng(np_seed)
-    if mode == "rows" and split is None:  # the choice that rank 0's broadcast made before (same rng, same call)
-        n = layout["rows"]
-        k = n_keep(n, fraction, layout.get("path", ""))
-        idx = np.arange(n) if k == n else np.sort(rng.choice(n, size=k, replace=False))
+    if mode == "rows":  # a uniform choice of the rows (of the file: the choice rank 0's broadcast made before)
+        rows = np.arange(layout["rows"]) if split is None else member_part(layout, mode, split)[:, 0]
+        k = n_keep(len(rows), fraction, layout.get("path", ""))
+        idx = rows if k == len(rows) else rows[np.sort(rng.choice(len(rows), size=k, replace=False))]
         return np.stack([idx, idx + 1], axis=1).astype(np.int64)
     units = _units(layout, mode) if split is None else member_part(layout, mode, split)
-    lengths = units[:, 1] - units[:, 0]
-    k = n_keep(int(lengths.sum()), fraction, layout.get("path", ""))
-    if mode == "rows":  # a uniform choice of the part's rows: one row per range
-        pick = np.arange(len(units)) if k == len(units) else np.sort(rng.choice(len(units), size=k, replace=False))
-        return units[pick]
+    k = n_keep(int((units[:, 1] - units[:, 0]).sum()), fraction, layout.get("path", ""))
     units = units[rng.permutation(len(units))]  # whole blocks in a seeded random order
     starts, stops = units[:, 0], units[:, 1]
     taken = np.cumsum(stops - starts)
