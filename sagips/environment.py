@@ -195,6 +195,13 @@ class Environment(abc.ABC):
         """The run's quality from every rank's (e.g. the prediction averaged over the ranks' generators)."""
         return per_rank[0]
 
+    def adapt(self, G: torch.nn.Module) -> None:
+        """Called on every rank after each log epoch's step, on the host, with the generator's evaluation weights:
+        update state of the pipeline from the current prediction (ParametricEnvironment: environment.precondition).
+        Write it into device tensors in place (a recorded CUDA graph replays them) and return it in `extra_state`.
+        Default: nothing."""
+        return None
+
     # -- resume ---------------------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """State beside `gen` that --resume must restore (e.g. a data loader's position); {} = none."""

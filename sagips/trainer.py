@@ -659,6 +659,7 @@ class Trainer:
                         save_checkpoint(self.out_dir, self.rank, epoch, st.time_s, self.G_eval, self.env.name)
                     if self.logs_at(epoch):
                         with self.ranges(LOG):
+                            self.env.adapt(self.G_eval)
                             self._log(epoch, out, bar)
                     stop = self.stop_requested  # read once: a signal landing now is handled after the next epoch
                     if self.stop_agreement is not None:  # every rank stops at the same, agreed epoch
