@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment, EnvironmentCheckError
 from sagips.models import mlp
-from sagips.precondition import NaturalGradient
+from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 
 
@@ -130,11 +130,11 @@ class DensityConfig(ParametricConfig):
     """`environment:` section of a ParametricEnvironment with a density (a simulator has no grid)."""
 
     grid_points: int = opt(1000, "grid points on the support for the density's inverse-CDF sampler", min=3)
-    precondition: str = opt("none", "'fisher': the generator's gradient w.r.t. the parameters is multiplied by the "
-                            "inverse of the data's Fisher information (a natural-gradient step in the box's unit "
+    precondition: str = opt("fisher", "'fisher': the generator's gradient w.r.t. the parameters is multiplied by the "
+                            "inverse square root of the data's Fisher information per event (in the box's unit "
                             "coordinates), refreshed at every log epoch at the rank's current prediction, so that "
-                            "flat, correlated directions of the fit move as fast as steep ones; 'none': plain "
-                            "gradients", choices=("none", "fisher"))
+                            "flat, correlated directions of the fit move about as fast as steep ones "
+                            "(sagips/precondition.py); 'none': plain gradients", choices=("none", "fisher"))
 
 
 class ParametricEnvironment(Environment):
@@ -220,9 +220,9 @@ class ParametricEnvironment(Environment):
         self._ones = torch.ones(self._n_fake, 1, device=dev)
         self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=dev)))
         self._density_checked = False
-        #: environment.precondition=fisher: the generator's gradient times the inverse Fisher (sagips/precondition.py)
+        #: environment.precondition=fisher: the generator's gradient times I^(-1/2) (sagips/precondition.py)
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
-        self.natural = NaturalGradient(len(self.names), dev) if fisher else None
+        self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
 
     def _events(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Events (B, E, event_width) for parameters p (B, P) and uniforms u (B, E, n_uniforms)."""
@@ -348,19 +348,19 @@ class ParametricEnvironment(Environment):
 
     def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
         unit = G(self.noise(n))
-        return self.to_physical(unit if self.natural is None else self.natural.apply(unit))
+        return self.to_physical(unit if self.preconditioner is None else self.preconditioner.apply(unit))
 
     def adapt(self, G: torch.nn.Module) -> None:
         """environment.precondition=fisher: the preconditioner from the Fisher information at G's prediction."""
-        if self.natural is not None:
-            self.natural.refresh(self.fisher(self.predict(G, 256)), (self.pmax - self.pmin).tolist())
+        if self.preconditioner is not None:
+            self.preconditioner.refresh(self.fisher(self.predict(G, 256)), (self.pmax - self.pmin).tolist())
 
     def extra_state(self) -> dict[str, Any]:
-        return {} if self.natural is None else {"precondition": self.natural.state()}
+        return {} if self.preconditioner is None else {"precondition": self.preconditioner.state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if self.natural is not None and "precondition" in state:
-            self.natural.load(state["precondition"])
+        if self.preconditioner is not None and "precondition" in state:
+            self.preconditioner.load(state["precondition"])
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)

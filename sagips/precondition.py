@@ -1,15 +1,19 @@
-"""A natural-gradient step for the generator's predicted parameters (environment.precondition=fisher).
+"""Fisher preconditioning of the generator's predicted parameters (environment.precondition=fisher).
 
 A fit whose parameters are strongly correlated has a long, flat valley in its loss. The critic's gradient along the
 valley is small beside its noise across it, and Adam, which scales each weight's step by that weight's gradient
 noise, then barely moves along the valley: on toy1d (correlations -0.97 and +0.89) every run stopped at the point
 where it first met the valley, 7 sigma from its data's maximum-likelihood fit (docs/benchmarks/coverage.notes.md).
 
-`NaturalGradient` multiplies the gradient that reaches the generator's output u (the parameters in the box's unit
-coordinates) by M = I(u)^-1, the inverse of the data's Fisher information per event: a step then moves every
-direction by its own statistical scale, and the gradient noise takes the shape of the parameters' covariance. The
-forward pass is the identity, so the parameters, the events and every loss are unchanged. M lives in one device
-buffer that `refresh` overwrites in place between epochs (a recorded CUDA graph replays the new values).
+`FisherPreconditioner` multiplies the gradient that reaches the generator's output u (the parameters in the box's unit
+coordinates) by M = I(u)^(-1/2), the inverse square root of the data's Fisher information per event. The critic's
+gradient noise has about the shape of I (the score's covariance), so after M it is the same in every direction,
+and Adam's per-weight scaling no longer favours the steep directions: a direction with eigenvalue lambda then
+moves at a rate ~ sqrt(lambda) instead of ~ lambda / sqrt(lambda_max). The full inverse, I^-1, does not do this
+under Adam: it makes the noise ~ I^-1, now dominated by the flat direction, and every direction crawls (tried:
+toy1d stopped where it started). The forward pass is the identity, so the parameters, the events and every loss
+are unchanged. M lives in one device buffer that `refresh` overwrites in place between epochs (a recorded CUDA
+graph replays the new values).
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ def unit_inverse_sqrt(fisher: np.ndarray, width: np.ndarray) -> np.ndarray | Non
     return m * (len(d) / np.trace(m))
 
 
-class NaturalGradient:
+class FisherPreconditioner:
     """The preconditioner of P parameters on `device`: `apply(u)` in the training step, `refresh(fisher, width)`
     between epochs, `state()`/`load(state)` for --resume."""
 
