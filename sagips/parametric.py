@@ -359,8 +359,13 @@ class ParametricEnvironment(Environment):
         return {} if self.preconditioner is None else {"precondition": self.preconditioner.state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if self.preconditioner is not None and "precondition" in state:
-            self.preconditioner.load(state["precondition"])
+        """The preconditioner as saved; a state without one (a run that trained with plain gradients, before
+        environment.precondition existed) goes on without it."""
+        if self.preconditioner is not None:
+            if "precondition" in state:
+                self.preconditioner.load(state["precondition"])
+            else:
+                self.preconditioner = None
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)

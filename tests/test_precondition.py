@@ -95,6 +95,9 @@ def test_adapt_refreshes_at_the_prediction_and_resume_state_round_trips(classes)
     other.load_extra_state(env.extra_state())
     assert torch.equal(other.preconditioner.m, env.preconditioner.m)
     assert toy(classes, "none").extra_state() == {}
+    old = toy(classes)
+    old.load_extra_state({})  # a state saved with plain gradients (or before the option existed) resumes with them
+    assert old.preconditioner is None and old.params(G, 2).requires_grad
 
 
 def test_a_simulator_has_no_preconditioner_and_rejects_the_key(classes):

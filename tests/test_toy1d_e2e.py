@@ -89,6 +89,11 @@ def test_rma_and_analyze(env, tmp_path, monkeypatch):
     assert all(f"| r̂ ({n}) | {t:g} |" in md for n, t in zip("abc", (1.7, -0.4, 0.9)))
     rows = (tmp_path / "report" / "summary.csv").read_text().splitlines()
     assert [row.split(",")[0] for row in rows[1:]] == ["a", "b", "c"]
+    assert "a and b are" in md and "were preconditioned" in md  # the default: environment.precondition=fisher
+    info["config"]["environment"].pop("precondition")  # a run from before the option: it trained with plain gradients
+    (out / "run.json").write_text(json.dumps(info))
+    assert analyze_main([str(out), "--out", str(tmp_path / "old"), "--noise-samples", "32", "--resamples", "5"]) == 0
+    assert "train with environment.precondition=fisher" in (tmp_path / "old" / "summary.md").read_text()
 
 
 def test_a_broken_generator_stops_every_rank_with_one_line(env, tmp_path):

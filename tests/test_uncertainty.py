@@ -266,6 +266,9 @@ def test_strongly_correlated_parameters_get_a_note():
     cov = np.array([[1.0, -0.97, 0.5], [-0.97, 1.0, -0.4], [0.5, -0.4, 1.0]])
     (note,) = stats.correlated_pairs(np.linalg.inv(cov), names)
     assert note.startswith("a and b are -97 % correlated") and "environment.g_start" in note
+    assert "train with environment.precondition=fisher" in note
+    (pre,) = stats.correlated_pairs(np.linalg.inv(cov), names, preconditioned=True)
+    assert "were preconditioned" in pre and "environment.g_start" in pre
     assert stats.correlated_pairs(np.linalg.inv(np.eye(3) * 4), names) == []
     singular = np.array([[1.0, 1.0], [1.0, 1.0]])
     assert "singular" in stats.correlated_pairs(singular, names[:2])[0]

@@ -215,6 +215,9 @@ class RunPredictor:
                 raise AnalysisError(f"{run.path}: environment {name!r} has no {attr}() method; the ensemble analysis "
                                     f"needs parameter predictions p = params(G, n) from noise(n)")
         self.G = self.env.build_generator().eval()
+        #: trained with environment.precondition=fisher (a run.json from before the option trained without it)
+        self.preconditioned = (getattr(self.env, "preconditioner", None) is not None
+                               and env_raw.get("precondition") == "fisher")
         self.names = self.env.parameter_names()  #: the parameters' names, or None (tables then say r_0, r_1, ...)
 
     def noise(self, k: int) -> torch.Tensor:
@@ -400,6 +403,7 @@ class FinalPrediction:
     sampling: np.ndarray          #: (P,) the Monte-Carlo error of p^ (stats.noise_sampling_error)
     fisher: np.ndarray | str | None = None  #: (P, P) the data's information per event at p^ (density
     #: environments), or why it could not be computed
+    preconditioned: bool = False  #: the runs trained with environment.precondition=fisher
 
 
 def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
@@ -419,7 +423,7 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
         ranks.append(per_rank)
     p_hat = (acc / weight).mean(axis=0)
     return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / weight)[None]),
-                           _fisher_at(predictors[0].env, p_hat))
+                           _fisher_at(predictors[0].env, p_hat), all(pr.preconditioned for pr in predictors))
 
 
 def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
@@ -460,7 +464,7 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     if final is not None and isinstance(final.fisher, str):
         u.notes.append(final.fisher)
     elif final is not None and final.fisher is not None:
-        u.notes.extend(stats.correlated_pairs(final.fisher, names))
+        u.notes.extend(stats.correlated_pairs(final.fisher, names, preconditioned=final.preconditioned))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -349,10 +349,13 @@ def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
 CORRELATION_WARN = 0.95
 
 
-def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float = CORRELATION_WARN) -> list[str]:
+def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float = CORRELATION_WARN,
+                     preconditioned: bool = False) -> list[str]:
     """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
-    (P, P) reaches `threshold`: along such a valley the GAN's fit converges slowly, members that start together can
-    stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot see")."""
+    (P, P) reaches `threshold`: along such a valley a fit with plain gradients converges slowly, members that start
+    together can stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot
+    see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
+    (the note then says so, and names the check that remains)."""
     f = np.asarray(fisher, dtype=np.float64)
     if not np.all(np.isfinite(f)):
         return []
@@ -363,15 +366,20 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     cov = np.linalg.inv(f)
     d = np.sqrt(np.diag(cov))
     corr = cov / np.outer(d, d)
+    if preconditioned:
+        advice = ("the runs were preconditioned with it (environment.precondition=fisher), which moves the fit along "
+                  "such a valley; to check that it got there, start members apart (environment.g_start) and see "
+                  "that they meet")
+    else:
+        advice = ("along such a valley a fit with plain gradients converges slowly, members that start together "
+                  "can stop together short of the data's maximum, and sigma then misses it: train with "
+                  "environment.precondition=fisher, or check that members started apart (environment.g_start) meet")
     out = []
     for i in range(len(d)):
         for j in range(i + 1, len(d)):
             if abs(corr[i, j]) >= threshold:
                 out.append(f"{names[i]} and {names[j]} are {100 * corr[i, j]:+.0f} % correlated in the data's "
-                           f"information at p^: along such a valley the fit converges slowly, members that start "
-                           f"together can stop together short of the data's maximum, and sigma then misses it; check "
-                           f"that members started apart (environment.g_start) meet (docs/analysis.md, \"What σ "
-                           f"cannot see\")")
+                           f"information at p^: {advice} (docs/analysis.md, \"What σ cannot see\")")
     return out
 
 
