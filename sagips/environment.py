@@ -204,7 +204,8 @@ class Environment(abc.ABC):
 
     # -- resume ---------------------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        """State beside `gen` that --resume must restore (e.g. a data loader's position); {} = none."""
+        """State beside `gen` that --resume must restore (e.g. a data loader's position); {} = none. A subclass of
+        ParametricEnvironment that overrides it (or load_extra_state) calls super() and merges the dicts."""
         return {}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:

@@ -351,21 +351,30 @@ class ParametricEnvironment(Environment):
         return self.to_physical(unit if self.preconditioner is None else self.preconditioner.apply(unit))
 
     def adapt(self, G: torch.nn.Module) -> None:
-        """environment.precondition=fisher: the preconditioner from the Fisher information at G's prediction."""
-        if self.preconditioner is not None:
-            self.preconditioner.refresh(self.fisher(self.predict(G, 256)), (self.pmax - self.pmin).tolist())
+        """environment.precondition=fisher: the preconditioner from the Fisher information at G's prediction (on
+        the CPU in float64: the density must accept any device and dtype, as in the reference data and analyze)."""
+        if self.preconditioner is None:
+            return
+        try:
+            info = self.fisher(self.predict(G, 256))
+        except Exception as e:  # noqa: BLE001  (the user's density: any error)
+            raise EnvironmentCheckError(f"density: the Fisher preconditioner evaluates it on the CPU in float64 and it "
+                                        f"failed there ({type(e).__name__}: {' '.join(str(e).split())[:160]}); make "
+                                        f"it work for any device and dtype, or set environment.precondition=none"
+                                        ) from None
+        self.preconditioner.refresh(info, (self.pmax - self.pmin).tolist())
 
     def extra_state(self) -> dict[str, Any]:
         return {} if self.preconditioner is None else {"precondition": self.preconditioner.state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        """The preconditioner as saved; a state without one (a run that trained with plain gradients, before
-        environment.precondition existed) goes on without it."""
-        if self.preconditioner is not None:
-            if "precondition" in state:
-                self.preconditioner.load(state["precondition"])
-            else:
-                self.preconditioner = None
+        if self.preconditioner is None:
+            return
+        if "precondition" not in state:
+            raise ConfigError("--resume: the saved state holds no Fisher preconditioner (a run that trained with plain "
+                              "gradients, from before environment.precondition existed, or an environment whose "
+                              "extra_state does not call super()); resume it with --set environment.precondition=none")
+        self.preconditioner.load(state["precondition"])
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)

@@ -23,6 +23,12 @@ import numpy as np
 import torch
 
 
+#: the largest condition number of I_u that is whitened in full (toy1d: below 1e4 anywhere in its box); beyond it
+#: the smallest eigenvalues are raised to the largest / MAX_CONDITION, so no direction gets more than sqrt(1e6) =
+#: 1000x the step of the steepest one
+MAX_CONDITION = 1e6
+
+
 class _Scale(torch.autograd.Function):
     """y = u; dL/du = dL/dy @ M (M symmetric)."""
 
@@ -48,6 +54,7 @@ def unit_inverse_sqrt(fisher: np.ndarray, width: np.ndarray) -> np.ndarray | Non
     w, v = np.linalg.eigh(info)
     if not w[0] > 1e-12 * w[-1]:
         return None
+    w = np.maximum(w, MAX_CONDITION ** -1 * w[-1])  # a nearly unconstrained direction: at most 1000x the step
     m = (v / np.sqrt(w)) @ v.T
     return m * (len(d) / np.trace(m))
 

@@ -51,6 +51,36 @@ def test_the_matrix_whitens_the_independent_fisher_information(p):
     np.testing.assert_allclose(white / white[0, 0], np.eye(3), atol=1e-6)  # the score's noise: the same everywhere
 
 
+def test_a_nearly_unconstrained_direction_gets_at_most_1000x_the_step():
+    from sagips.precondition import MAX_CONDITION
+
+    rot = np.array([[0.6, 0.8], [-0.8, 0.6]])
+    m = unit_inverse_sqrt(rot @ np.diag([1.0, 1e-9]) @ rot.T, [1.0, 1.0])
+    w = np.linalg.eigvalsh(m)
+    np.testing.assert_allclose(w[1] / w[0], MAX_CONDITION ** 0.5, rtol=1e-6)
+    m = unit_inverse_sqrt(rot @ np.diag([1.0, 1e-4]) @ rot.T, [1.0, 1.0])  # below the cap: whitened in full
+    np.testing.assert_allclose(np.linalg.eigvalsh(m)[::-1] / np.linalg.eigvalsh(m)[0], [100.0, 1.0], rtol=1e-6)
+
+
+def test_a_density_that_fails_in_float64_stops_with_one_line():
+    from sagips import ParametricEnvironment
+    from sagips.environment import EnvironmentCheckError
+
+    def density(self, p, x):
+        if x.dtype != torch.float32:
+            raise TypeError("this density is written for float32 only")
+        return 1 + p[:, :1] * x
+
+    cls = type("test_pc_f32", (ParametricEnvironment,), {"name": "test_pc_f32", "parameters": {"a": (0.1, 1.0)},
+                                                        "true_params": {"a": 0.5}, "density": density})
+    env = cls(from_dict(cls.Config, {}, "environment."), "cpu", 0)
+    torch.manual_seed(0)
+    with pytest.raises(EnvironmentCheckError, match=r"^density: the Fisher preconditioner .* float32 only\); make it "
+                                                    r"work for any device and dtype, or set environment.precondition="
+                                                    r"none$"):
+        env.adapt(env.build_generator())
+
+
 def test_singular_or_broken_information_keeps_the_last_matrix():
     pc = FisherPreconditioner(2, "cpu")
     assert pc.refresh(np.diag([4.0, 1.0]), [1.0, 1.0])
@@ -95,9 +125,10 @@ def test_adapt_refreshes_at_the_prediction_and_resume_state_round_trips(classes)
     other.load_extra_state(env.extra_state())
     assert torch.equal(other.preconditioner.m, env.preconditioner.m)
     assert toy(classes, "none").extra_state() == {}
-    old = toy(classes)
-    old.load_extra_state({})  # a state saved with plain gradients (or before the option existed) resumes with them
-    assert old.preconditioner is None and old.params(G, 2).requires_grad
+    from sagips.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"resume it with --set environment.precondition=none$"):
+        toy(classes).load_extra_state({})  # a state saved with plain gradients (or before the option existed)
 
 
 def test_a_simulator_has_no_preconditioner_and_rejects_the_key(classes):

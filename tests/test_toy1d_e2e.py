@@ -61,6 +61,10 @@ def test_one_rank_resumes_bit_identically(env, tmp_path):
     write_latest(cut, 2, 1)
     r = run_py(["-m", "sagips.run", "--resume", "--no-progress", "--output-dir", str(cut)], env=env[0])
     assert r.returncode == 0, r.stderr[-3000:]
+    from sagips.io.state import load_state
+
+    m = torch.as_tensor(load_state(whole, 0, 2)["env_state"]["precondition"])  # training refreshed it (default on)
+    assert m.shape == (3, 3) and not torch.allclose(m, torch.eye(3))
     a = load_checkpoint(list_checkpoints(whole)[0][4])["generator"]
     b = load_checkpoint(list_checkpoints(cut)[0][4])["generator"]
     assert all(torch.equal(a[k], b[k]) for k in a)

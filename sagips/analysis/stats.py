@@ -367,7 +367,8 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     d = np.sqrt(np.diag(cov))
     corr = cov / np.outer(d, d)
     if preconditioned:
-        advice = ("the runs were preconditioned with it (environment.precondition=fisher), which moves the fit along "
+        advice = ("the runs were preconditioned with the data's Fisher information (environment.precondition=fisher), "
+                  "which moves the fit along "
                   "such a valley; to check that it got there, start members apart (environment.g_start) and see "
                   "that they meet")
     else:
