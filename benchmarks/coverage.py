@@ -298,6 +298,19 @@ def stats_of(recs: list[dict]) -> list[dict]:
 FLOOR_MARGIN = 1.5  # "at its floor": rms error within 1.5x the run's statistical floor sigma_ML / sqrt(seen)
 
 
+#: the commit from which a density environment (toy1d) trains with the Fisher preconditioner by default
+PRECONDITIONED_FROM = "c0096a6"
+
+
+def code_of(rs: list[dict]) -> str:
+    """The commits a profile's replicas ran from (--frozen-code), or that they ran from a working tree."""
+    shas = sorted({r["code"][:7] for r in rs if r.get("code")})
+    if not shas:
+        return "code: a working tree (no commit recorded)"
+    tree = any(not r.get("code") for r in rs)
+    return f"code: commit{'s' if len(shas) > 1 else ''} {', '.join(shas)}" + (" and a working tree" if tree else "")
+
+
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
     error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
@@ -309,7 +322,8 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
-             f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all. Error = (p̂ − p_true) in "
+             f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
+             f"Error = (p̂ − p_true) in "
              f"units of the ML fit's σ on the same events (proxy1d: the ML fits' rms error over the data sets). A run "
              f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
@@ -372,7 +386,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors){label}", "",
-                  f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all.", "",
+                  f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
+                  f"{code_of(rs)}.", "",
                   "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | ±k68σ | "
                   "±k95σ | σ_GAN/σ_ML (median) | rms error GAN / ML | ML pull width | noise / σ (median) | "
                   "still moving | verdict |",
@@ -424,7 +439,10 @@ def page(out: Path) -> str:
              "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %). Where drift and noise weigh in, "
              "real pulls are narrower than the exact-σ row. σ is recomputed from each record's parts under "
              "analyze's current rule (the drift counts only where the parameter still moves), so records made "
-             "under an older rule read alike.", ""]
+             "under an older rule read alike.", "",
+             f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
+             f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "
+             "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += groups_tables(recs, "")
