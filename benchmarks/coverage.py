@@ -238,7 +238,8 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
                     "scatter": u.scatter.tolist(), "ranks": [None if not math.isfinite(x) else x for x in u.ranks],
                     "drift": u.drift.tolist(), "sampling": u.sampling.tolist(), "noise_samples": final.noise_samples,
                     "n_members": u.n_members, "factor": u.factor, "k68": u.k68, "k95": u.k95,
-                    "spread_from": u.spread_from, "notes": u.notes},
+                    "spread_from": u.spread_from, "notes": u.notes,
+                    "cramer_rao": None if u.cramer_rao is None else u.cramer_rao.tolist()},
             "moving": [c["moving"] for c in conv],
             "ml": ml, "wall_s": round(time.perf_counter() - t0, 1), "code": os.environ.get("SAGIPS_FROZEN_CODE"),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}

@@ -148,7 +148,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "drift_added": u.drift_added, "sampling": u.sampling,
                         "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
-                        "dof": u.dof, "k68": u.k68, "k95": u.k95, "notes": u.notes},
+                        "dof": u.dof, "k68": u.k68, "k95": u.k95, "cramer_rao": u.cramer_rao, "notes": u.notes},
         "convergence": conv,
         "rmse_vs_spread": rs,
         "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
@@ -309,6 +309,12 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                          f"{_g(u['sampling'][i])} | "
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
+        if u.get("cramer_rao") is not None:
+            cr = u["cramer_rao"]
+            lines.append("- the Cramér-Rao bound of the data (the smallest σ of an unbiased fit to all its events, from "
+                         "the Fisher information at p̂): " + ", ".join(
+                             f"{n} {_g(b)} (σ/bound {_f(s / b if b else float('nan'), '.2f')})"
+                             for n, b, s in zip(summary["parameters"], cr, u["sigma"])))
         lines += [f"- {c['message']}" for c in g["convergence"] if c["moving"] is not False]
     return lines
 
@@ -323,7 +329,8 @@ def t_note(u: dict[str, Any]) -> str:
     if not dof:
         return "the intervals are ±σ and ±2σ"
     rng = (lambda v, f: format(min(v), f) if max(v) - min(v) < 0.005 else f"{min(v):{f}}-{max(v):{f}}")
-    caveat = " (but see the note below: σ holds no statistical error)" if u["notes"] else ""
+    caveat = (" (but see the note below: σ holds no statistical error)"
+              if any(stats.NO_STATISTICS in n for n in u["notes"]) else "")
     return (f"σ's spread part comes from {u['n_members']} members ({u['n_members'] - 1} degrees of freedom; σ as a "
             f"whole, with its drift and noise parts, {rng(dof, '.0f')}), so σ is itself uncertain: the 68 % interval "
             f"is ±{rng(k68, '.2f')}σ and the 95.4 % interval ±{rng(k95, '.2f')}σ (Student's t; ±1σ and ±2σ with many "

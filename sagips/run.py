@@ -213,6 +213,7 @@ class _Run:
         self.phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
         self._t = time.perf_counter()
         self.topo = self.exchange = self.agreement = self.node_data = self.split = None
+        self.data_events: int | None = None  # events in the whole reference data set (run.json reference_data)
 
     def phase(self, name: str) -> None:
         now = time.perf_counter()
@@ -464,10 +465,12 @@ def _load_data(r: _Run) -> None:
             env.set_shared_state(r.comm.bcast(shared, root=0))
         r.data_key.update(file=os.path.abspath(data_file) if data_file else None, layout=layout["checksum"],
                           subset=cfg.data.subset, rows=int((ranges[:, 1] - ranges[:, 0]).sum()))
+        r.data_events = int(layout["rows"])
     elif not data_file and env_cls.generate_per_rank:
         arrays, attrs = env_cls.generate_reference(r.env_cfg, cfg.seed)
         env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
         r.data_key.update(file=None, subset="rows")
+        r.data_events = len(next(iter(arrays.values())))
     else:
         def make():
             if data_file:
@@ -477,6 +480,7 @@ def _load_data(r: _Run) -> None:
         arrays, attrs = broadcast_arrays(r.world, make)
         env.attach_data(arrays, attrs, np.random.default_rng(r.np_seed))
         r.data_key.update(file=os.path.abspath(data_file) if data_file else None, subset="rows")
+        r.data_events = len(next(iter(arrays.values())))
     del arrays
     r.phase("reference_data")
 
@@ -619,6 +623,7 @@ def _describe(r: _Run) -> None:
         # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank; with
         # data.share=node, the size of rank 0's node window (every node holds as many rows) and the ranks sharing it
         "reference_data": {**{k: v for k, v in r.data_key.items() if k not in ("rank", "member", "node")},
+                           "events": r.data_events,  # of the whole data set (rows: this rank's share)
                            **({"node_window_bytes": r.node_data.nbytes, "node_ranks": r.node_data.node.Get_size()}
                               if r.node_data is not None else {})},
         "n_critic": env.n_critic, "generator_params": n_params,

@@ -106,6 +106,10 @@ def test_split_members_are_independent_in_analyze(tmp_path, monkeypatch):
     assert bool(noted) == (abs(corr_ab) >= 0.95) and abs(corr_ab) > 0.9, (corr_ab, u["notes"])
     assert not noted or f"{100 * corr_ab:+.0f} %" in noted[0]
     assert "disjoint parts of one data set" in (tmp_path / "rep" / "summary.md").read_text()
+    # the Cramer-Rao bound of all 20,000 events, against the independent quadrature at the same p^
+    assert all(i["reference_data"]["events"] == 20000 for i in infos)
+    np.testing.assert_allclose(u["cramer_rao"], np.sqrt(np.diag(cov) / 20000), rtol=1e-3)
+    assert "the Cramér-Rao bound of the data" in (tmp_path / "rep" / "summary.md").read_text()
 
 
 def test_the_factor_of_disjoint_parts_is_exact_for_training_noise_too():
