@@ -313,7 +313,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
             cr = u["cramer_rao"]
             lines.append("- the Cramér-Rao bound of the data (the smallest σ of an unbiased fit to all its events, from "
                          "the Fisher information at p̂): " + ", ".join(
-                             f"{n} {_g(b)} (σ/bound {_f(s / b if b else float('nan'), '.2f')})"
+                             f"{n} {_g(b)} (σ/bound {_f(s / b if b and s is not None else None, '.2f')})"
                              for n, b, s in zip(summary["parameters"], cr, u["sigma"])))
         lines += [f"- {c['message']}" for c in g["convergence"] if c["moving"] is not False]
     return lines

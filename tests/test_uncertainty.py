@@ -278,18 +278,20 @@ def test_strongly_correlated_parameters_get_a_note():
 
 
 def test_the_cramer_rao_bound_and_its_note():
-    """sqrt(diag(I^-1)/N) by hand for a 2x2 information; the note where sigma is below what its degrees of freedom
-    allow at 1 % (chi^2 quantiles from scipy), and not above; a singular information has no bound."""
+    """sqrt(diag(I^-1)/N) by hand for a 2x2 information; the note where the members part is below what M - 1
+    degrees of freedom allow at 1 % (chi^2 quantiles against scipy), and not above; a singular information has no
+    bound; one member, no note."""
     from scipy import stats as st
 
     info = np.array([[4.0, 1.0], [1.0, 2.0]])  # inverse: [[2, -1], [-1, 4]] / 7
     bound = stats.cramer_rao(info, 100)
     np.testing.assert_allclose(bound, [math.sqrt(2 / 7 / 100), math.sqrt(4 / 7 / 100)], rtol=1e-12)
     assert stats.cramer_rao(np.ones((2, 2)), 100) is None and stats.cramer_rao(np.full((2, 2), np.nan), 9) is None
-    for dof in (3.0, 7.0):
-        edge = math.sqrt(st.chi2.ppf(stats.BOUND_P, dof) / dof)
-        low, high = bound * edge * 0.99, bound * edge * 1.01
-        notes = stats.below_cramer_rao(["a", "b"], low, bound, np.array([dof, dof]))
+    for q, dof in ((0.01, 1), (0.01, 3), (0.01, 7), (0.5, 2.5), (0.99, 30), (0.01, 200)):
+        assert stats.chi2_quantile(q, dof) == pytest.approx(st.chi2.ppf(q, dof), rel=1e-9)
+    for m in (4, 8):
+        edge = math.sqrt(st.chi2.ppf(stats.BOUND_P, m - 1) / (m - 1))
+        notes = stats.below_cramer_rao(["a", "b"], bound * edge * 0.99, bound, m)
         assert [n.split(":")[0] for n in notes] == ["a", "b"] and "Cramér-Rao bound" in notes[0]
-        assert stats.below_cramer_rao(["a", "b"], high, bound, np.array([dof, dof])) == []
-    assert stats.below_cramer_rao(["a"], bound[:1] * 0.99, bound[:1], np.array([math.inf]))  # sigma known exactly
+        assert stats.below_cramer_rao(["a", "b"], bound * edge * 1.01, bound, m) == []
+    assert stats.below_cramer_rao(["a"], bound[:1] * 0.01, bound[:1], 1) == []

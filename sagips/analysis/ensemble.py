@@ -468,8 +468,9 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         sizes = {(r.info.get("reference_data") or {}).get("events") for r in g.runs}
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
         u.cramer_rao = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
-        if u.cramer_rao is not None and u.spread_from == "members":
-            u.notes.extend(stats.below_cramer_rao(names, u.sigma, u.cramer_rao, u.dof))
+        if (u.cramer_rao is not None and u.spread_from == "members"
+                and not any(stats.NO_STATISTICS in n for n in u.notes)):  # (sigma without the data's error: noted)
+            u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -407,24 +407,53 @@ def cramer_rao(fisher: np.ndarray, n_events: int) -> np.ndarray | None:
 BOUND_P = 0.01
 
 
-def below_cramer_rao(names: Sequence[str], sigma: np.ndarray, bound: np.ndarray, dof: np.ndarray,
-                     p: float = BOUND_P) -> list[str]:
-    """A note per parameter whose sigma is below its Cramér-Rao bound by more than the sampling of sigma explains:
-    sigma^2 / bound^2 below the p-quantile of chi^2_dof / dof (sigma from M members has dof M - 1: a sigma that is
-    exactly right falls under 0.20 bound at M = 4, and under 0.42 bound at M = 8, with probability 1 %). Members
-    that agree more than the data allow have stopped together, or share most of their data; either way sigma is
-    too small."""
-    from scipy import stats as st
+def chi2_quantile(q: float, dof: float) -> float:
+    """x with P(X <= x) = q for X ~ chi^2(dof), q in (0, 1), dof > 0. Numpy-free and scipy-free: bisection on the
+    regularized lower incomplete gamma function P(dof/2, x/2) from its power series (tests compare it with
+    scipy.stats.chi2.ppf)."""
+    if not 0.0 < q < 1.0 or not dof > 0:
+        raise ValueError(f"chi2_quantile: q in (0, 1) and dof > 0 needed, got q={q}, dof={dof}")
+    a = dof / 2.0
 
+    def cdf(x: float) -> float:
+        h = x / 2.0
+        if h <= 0.0:
+            return 0.0
+        term = total = 1.0 / a
+        n = 1
+        while term > 1e-17 * total and n < 10_000:
+            term *= h / (a + n)
+            total += term
+            n += 1
+        return min(1.0, math.exp(a * math.log(h) - h - math.lgamma(a)) * total)
+
+    lo, hi = 0.0, dof + 20.0 * math.sqrt(dof) + 50.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarray, n_members: int,
+                     p: float = BOUND_P) -> list[str]:
+    """A note per parameter whose members part of sigma (the members' scatter turned into the error of their
+    mean: the part that holds the data's statistical error) is below its Cramér-Rao bound by more than its sampling
+    explains: members^2 / bound^2 below the p-quantile of chi^2_(M-1) / (M-1) (a members part that is exactly
+    right falls under 0.20 bound at M = 4, and under 0.42 bound at M = 8, with probability 1 %). The drift and
+    Monte-Carlo parts are not the data's error and do not count. Members that agree more than the data allow have
+    stopped together short of the data's maximum."""
+    if n_members < 2:
+        return []
+    k = n_members - 1
+    limit = math.sqrt(chi2_quantile(p, k) / k)
     out = []
-    for name, s, b, d in zip(names, np.asarray(sigma, dtype=np.float64), bound, dof):
-        limit = b * (math.sqrt(st.chi2.ppf(p, d) / d) if math.isfinite(d) and d > 0 else 1.0)
-        if math.isfinite(s) and s < limit:
-            out.append(f"{name}: sigma {s:.3g} is below the Cramér-Rao bound {b:.3g} of the data (the Fisher "
-                       f"information of all its events at p^): the members agree more than the data allow, so they "
-                       f"stopped together short of the data's maximum or learn from the same events; quote at least "
-                       f"the bound, and check that members started apart (environment.g_start) meet (docs/analysis.md,"
-                       f" \"What σ cannot see\")")
+    for name, s, b in zip(names, np.asarray(members, dtype=np.float64), bound):
+        if math.isfinite(s) and s < limit * b:
+            out.append(f"{name}: the members' part of sigma, {s:.3g}, is below the Cramér-Rao bound {b:.3g} of the "
+                       f"data (the Fisher information of all its events at p^): the members agree more than the data "
+                       f"allow, so they may have stopped together short of the data's maximum; quote at least the "
+                       f"bound, and check that members started apart (environment.g_start) meet (docs/analysis.md, "
+                       f"\"What σ cannot see\")")
     return out
 
 
