@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -134,7 +135,7 @@ def job(graph: str, epochs: int, out_dir: Path) -> dict:
     cmd = [mpiexec, "-n", "4", sys.executable, "-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml",
            "--mode", "rma-arar-arar", "--set", "comm.inner_size=2", "--epochs", str(epochs), "--output-dir",
            str(run), "--overwrite", "--set", f"train.cuda_graph={graph}", "--set", "train.progress=false"]
-    subprocess.run(cmd, cwd=ROOT, check=True, timeout=1800)
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=300)
     info = json.loads((run / "run.json").read_text())
     train_s = info["train_seconds"]
     return {"cuda_graph": graph, "epochs": info["epochs"], "train_seconds": train_s,
@@ -170,6 +171,8 @@ def page(data: dict) -> str:
         for j in data["jobs"]:
             eps = j["epochs_per_s_per_rank"]
             lines.append(f"| {j['cuda_graph']} | {j['epochs']} | {min(eps):.1f}-{max(eps):.1f} | {j['startup_s']} |")
+    if data.get("errors"):
+        lines += ["", "Failed (see the run's log):", ""] + [f"- {e}" for e in data["errors"]]
     notes = ROOT / "docs" / "benchmarks" / "gpu_step.notes.md"
     if notes.exists():
         lines += ["", f"Notes: [{notes.name}]({notes.name})."]
@@ -199,19 +202,34 @@ def main(argv=None) -> int:
         cases = [c for c in cases if c != "proxy-bf16"]  # emulated bf16: not a case anyone runs
     graphs = ("off", "on") if device.type == "cuda" else ("off",)
     reference: dict = {}
-    rows = [measure(c, g, device, a, reference) for c in cases for g in graphs]
-    data = {"device": str(device), "machine": machine(), "rows": rows,
+    data = {"device": str(device), "machine": machine(), "rows": [], "errors": [],
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
             "command": "python benchmarks/gpu_step.py " + " ".join(argv if argv is not None else sys.argv[1:])}
-    if a.job_epochs and device.type == "cuda":
-        with tempfile.TemporaryDirectory() as tmp:
-            data["jobs"] = [job(g, a.job_epochs, Path(tmp)) for g in ("off", "on")]
     stem = "gpu_step" if device.type == "cuda" else "gpu_step_cpu"
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
-    (a.out / f"{stem}.md").write_text(page(data))
-    print(f"wrote {a.out / stem}.json and .md")
-    return 0
+
+    def attempt(what: str, fn, into: list) -> None:
+        # a failure of one row (a recording that breaks on this device, say) is recorded and the others still run;
+        # the page is rewritten after every row, so a run cut off by a time limit keeps what it measured
+        try:
+            into.append(fn())
+        except Exception as err:  # noqa: BLE001 - reported in the data and on stderr, never swallowed silently
+            traceback.print_exc()
+            data["errors"].append(f"{what}: {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+        (a.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+        (a.out / f"{stem}.md").write_text(page(data))
+
+    for c in cases:
+        for g in graphs:
+            attempt(f"{c} cuda_graph={g}", lambda c=c, g=g: measure(c, g, device, a, reference), data["rows"])
+    if a.job_epochs and device.type == "cuda":
+        data["jobs"] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for g in ("off", "on"):
+                attempt(f"make run's job cuda_graph={g}", lambda g=g: job(g, a.job_epochs, Path(tmp)), data["jobs"])
+    print(f"wrote {a.out / stem}.json and .md" + (f"; {len(data['errors'])} failed: {data['errors']}"
+                                                  if data["errors"] else ""))
+    return 1 if data["errors"] else 0
 
 
 if __name__ == "__main__":

@@ -154,3 +154,27 @@ def test_a_preconditioned_non_log_epoch_reads_nothing_on_the_host(tmp_path, tmp_
         tr.step(2)
         tr.step(3)
     assert below.seen == [], f"host reads below Python in a non-log epoch: {below.seen}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: CUDA graphs record GPU work only")
+def test_graph_replays_the_refreshed_matrix(tmp_path, tmp_path_factory, monkeypatch):  # pragma: no cover - GPU only
+    """The refresh between epochs writes into the buffer a recorded graph reads: graph and eager runs agree."""
+    from tests import test_step
+
+    add_to_sys_path(toy_site(tmp_path_factory.mktemp("site")), monkeypatch)
+    sets = ["environment.name=toy1d", "environment.param_samples=8", "environment.events_per_sample=16",
+            "environment.reference_events=4000", "train.quality_samples=16", "environment.hidden=16"]
+    runs = {}
+    for mode in ("off", "on"):
+        tr = test_step.make_trainer(tmp_path / mode, sets + [f"train.cuda_graph={mode}"], device="cuda")
+        losses = []
+        for e in range(1, 101):
+            losses.append(float(tr.step(e)["loss_g"]))
+            if e % 10 == 0:
+                tr.env.adapt(tr.G_eval)
+        runs[mode] = (losses, test_step._final(tr), tr.graphs.record(), tr.env.preconditioner.m.cpu())
+    assert runs["on"][2]["used"] and runs["on"][2]["replays"] > 0, runs["on"][2]
+    assert not torch.equal(runs["on"][3], torch.eye(3))
+    np.testing.assert_allclose(runs["on"][0], runs["off"][0], rtol=1e-3, atol=1e-4)
+    for k, v in runs["off"][1].items():
+        torch.testing.assert_close(runs["on"][1][k], v, rtol=1e-3, atol=1e-4)

@@ -277,3 +277,19 @@ def test_resume_from_a_graph_runs_state_is_exact(tmp_path):  # pragma: no cover 
     # bit-exact up to CUDA's atomics: the sampler's gather backward adds in a nondeterministic order on a GPU
     for k, v in _final(ref).items():
         torch.testing.assert_close(_final(resumed)[k], v, rtol=1e-5, atol=1e-7, msg=k)
+
+
+@CUDA
+def test_hvd_graph_replay_agrees_with_eager(tmp_path):  # pragma: no cover - GPU machines only
+    """hvd: each critic step's exchange is a host point between two recorded segments."""
+    runs = {}
+    for mode in ("off", "on"):
+        tr = make_trainer(tmp_path / mode, PROXY + ["mode=hvd", "environment.d_steps=2", f"train.cuda_graph={mode}"],
+                          exchange=halve, device="cuda")
+        tr.d_exchange = halve
+        losses = [float(tr.step(e)["loss_g"]) for e in range(1, 101)]
+        runs[mode] = (losses, _final(tr), tr.graphs.record())
+    assert runs["on"][2]["used"] and runs["on"][2]["segments"] >= 4, runs["on"][2]
+    np.testing.assert_allclose(runs["on"][0], runs["off"][0], rtol=1e-3, atol=1e-4)
+    for k, v in runs["off"][1].items():
+        torch.testing.assert_close(runs["on"][1][k], v, rtol=1e-3, atol=1e-4)
