@@ -57,7 +57,7 @@ fi
 
 if want modes; then  # every mode under mpiexec, eager against recorded, and make run's whole job (auto, off)
 log "graph_modes"
-timeout 420 python3 benchmarks/graph_modes.py --out "$OUT" 2>&1 | tee "$OUT/graph_modes.log" | grep -v "^--- " \
+timeout 420 python3 benchmarks/graph_modes.py --out "$OUT" ${GRAPH_MODES_ARGS:-} 2>&1 | tee "$OUT/graph_modes.log" | grep -v "^--- " \
     | grep -E "tolerances|make run|Error" | tee -a "$OUT/steps.log"
 log "graph_modes rc=${PIPESTATUS[0]}"
 fi
