@@ -354,6 +354,19 @@ def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
 CORRELATION_WARN = 0.95
 
 
+def inverse_information(fisher: np.ndarray) -> np.ndarray | None:
+    """I^-1 of a per-event Fisher matrix (P, P), symmetrised; None where it is not finite or not positive definite
+    (its smallest eigenvalue at most 1e-12 of its largest: a combination of the parameters the data do not fix)."""
+    f = np.asarray(fisher, dtype=np.float64)
+    if not np.all(np.isfinite(f)):
+        return None
+    f = (f + f.T) / 2
+    eig = np.linalg.eigvalsh(f)
+    if not eig[0] > 1e-12 * max(eig[-1], 0.0):
+        return None
+    return np.linalg.inv(f)
+
+
 def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float = CORRELATION_WARN,
                      preconditioned: bool = False) -> list[str]:
     """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
@@ -361,14 +374,12 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     together can stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot
     see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
     (the note then says so, and names the check that remains)."""
-    f = np.asarray(fisher, dtype=np.float64)
-    if not np.all(np.isfinite(f)):
+    if not np.all(np.isfinite(np.asarray(fisher, dtype=np.float64))):
         return []
-    eig = np.linalg.eigvalsh((f + f.T) / 2)
-    if eig[0] <= 1e-12 * max(eig[-1], 0.0):
+    cov = inverse_information(fisher)
+    if cov is None:
         return ["the data's Fisher information at p^ is singular: some combination of the parameters is not "
                 "constrained by the data at all; sigma cannot hold its error"]
-    cov = np.linalg.inv(f)
     d = np.sqrt(np.diag(cov))
     corr = cov / np.outer(d, d)
     if preconditioned:
@@ -393,14 +404,8 @@ def cramer_rao(fisher: np.ndarray, n_events: int) -> np.ndarray | None:
     """The Cramér-Rao bound (P,): sqrt(diag(I^-1) / N) for the per-event Fisher information I (P, P) of N events,
     the smallest standard deviation an unbiased estimate from all N events can have; None where I is not finite or
     not positive definite."""
-    f = np.asarray(fisher, dtype=np.float64)
-    if not np.all(np.isfinite(f)) or n_events < 1:
-        return None
-    f = (f + f.T) / 2
-    eig = np.linalg.eigvalsh(f)
-    if not eig[0] > 1e-12 * max(eig[-1], 0.0):
-        return None
-    return np.sqrt(np.diag(np.linalg.inv(f)) / n_events)
+    cov = inverse_information(fisher) if n_events >= 1 else None
+    return None if cov is None else np.sqrt(np.diag(cov) / n_events)
 
 
 #: a sigma below the Cramer-Rao bound is noted where so small an estimate of it has probability < BOUND_P
