@@ -71,8 +71,9 @@ class ParametricConfig:
     g_start: float = opt(0.0, "spread of the generator's starting point: 0 starts every run at the middle of the "
                          "parameter box; s in (0, 1) starts each one at a random point of the box's middle fraction s "
                          "(from its seed), so that independent members (--mode ensemble) enter a flat, correlated "
-                         "direction at different points (experimental: on toy1d at 0.8 the members spread, but had not "
-                         "converged after 2,000 epochs; docs/benchmarks/coverage.notes.md)", min=0.0, max=0.99)
+                         "direction at different points (toy1d, preconditioned, at 0.8: no bias along the valley, and "
+                         "a conservative sigma, as the members had not met after 2,000 epochs; "
+                         "docs/benchmarks/coverage.notes.md)", min=0.0, max=0.99)
     hidden: int = opt(128, "hidden width of both networks", min=1)
     layers: int = opt(4, "hidden layers of both networks", min=1)
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
