@@ -244,21 +244,34 @@ def _final(tr):
     return {k: v.detach().cpu().clone() for k, v in tr.G.state_dict().items()}
 
 
-@CUDA
-@pytest.mark.parametrize("sets", [PROXY, PROXY + ["train.ema=0.9", "train.lr_final=0.1"], OPTIGAN + ["train.amp=bf16"]],
-                         ids=["proxy", "proxy-ema-schedule", "optigan-bf16"])
-@pytest.mark.parametrize("exchanged", [False, True], ids=["alone", "exchange"])
-def test_graph_replay_agrees_with_eager(tmp_path, sets, exchanged):  # pragma: no cover - GPU machines only
-    runs = {}
+def graph_against_eager(tmp_path, build, epochs, between=None):
+    """Train build(dir, cuda_graph) with train.cuda_graph off and on for `epochs` epochs (calling between(trainer, e)
+    after each, e.g. a refresh that fit() makes between steps) and assert that the recorded run replayed and agrees
+    with the eager one: the losses and the final generator weights to rtol 1e-3 / atol 1e-4. Returns {mode: trainer}."""
+    runs, trainers = {}, {}
     for mode in ("off", "on"):
-        tr = make_trainer(tmp_path / mode, sets + [f"train.cuda_graph={mode}"],
-                          exchange=halve if exchanged else None, device="cuda")
-        losses = [float(tr.step(e)["loss_g"]) for e in range(1, 201)]
+        tr = trainers[mode] = build(tmp_path / mode, mode)
+        losses = []
+        for e in range(1, epochs + 1):
+            losses.append(float(tr.step(e)["loss_g"].detach()))
+            if between is not None:
+                between(tr, e)
         runs[mode] = (losses, _final(tr), tr.graphs.record())
     assert runs["on"][2]["used"] and runs["on"][2]["replays"] > 0, runs["on"][2]
     np.testing.assert_allclose(runs["on"][0], runs["off"][0], rtol=1e-3, atol=1e-4)
     for k, v in runs["off"][1].items():
         torch.testing.assert_close(runs["on"][1][k], v, rtol=1e-3, atol=1e-4)
+    return trainers
+
+
+@CUDA
+@pytest.mark.parametrize("sets", [PROXY, PROXY + ["train.ema=0.9", "train.lr_final=0.1"], OPTIGAN + ["train.amp=bf16"]],
+                         ids=["proxy", "proxy-ema-schedule", "optigan-bf16"])
+@pytest.mark.parametrize("exchanged", [False, True], ids=["alone", "exchange"])
+def test_graph_replay_agrees_with_eager(tmp_path, sets, exchanged):  # pragma: no cover - GPU machines only
+    graph_against_eager(tmp_path, lambda d, mode: make_trainer(d, sets + [f"train.cuda_graph={mode}"],
+                                                               exchange=halve if exchanged else None, device="cuda"),
+                        200)
 
 
 @CUDA
@@ -282,14 +295,11 @@ def test_resume_from_a_graph_runs_state_is_exact(tmp_path):  # pragma: no cover 
 @CUDA
 def test_hvd_graph_replay_agrees_with_eager(tmp_path):  # pragma: no cover - GPU machines only
     """hvd: each critic step's exchange is a host point between two recorded segments."""
-    runs = {}
-    for mode in ("off", "on"):
-        tr = make_trainer(tmp_path / mode, PROXY + ["mode=hvd", "environment.d_steps=2", f"train.cuda_graph={mode}"],
+    def build(d, mode):
+        tr = make_trainer(d, PROXY + ["mode=hvd", "environment.d_steps=2", f"train.cuda_graph={mode}"],
                           exchange=halve, device="cuda")
         tr.d_exchange = halve
-        losses = [float(tr.step(e)["loss_g"]) for e in range(1, 101)]
-        runs[mode] = (losses, _final(tr), tr.graphs.record())
-    assert runs["on"][2]["used"] and runs["on"][2]["segments"] >= 4, runs["on"][2]
-    np.testing.assert_allclose(runs["on"][0], runs["off"][0], rtol=1e-3, atol=1e-4)
-    for k, v in runs["off"][1].items():
-        torch.testing.assert_close(runs["on"][1][k], v, rtol=1e-3, atol=1e-4)
+        return tr
+
+    on = graph_against_eager(tmp_path, build, 100)["on"]
+    assert on.graphs.record()["segments"] >= 4, on.graphs.record()
