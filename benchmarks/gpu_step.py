@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -130,13 +128,11 @@ def measure(case: str, graph: str, device: torch.device, args, reference: dict) 
 
 def job(graph: str, epochs: int, out_dir: Path) -> dict:
     """make run's job (4 ranks, rma-arar-arar, inner_size 2) on this machine's one GPU, `epochs` epochs."""
-    mpiexec = os.environ.get("MPIEXEC", "mpiexec")
-    run = out_dir / f"job-{graph}"
-    cmd = [mpiexec, "-n", "4", sys.executable, "-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml",
-           "--mode", "rma-arar-arar", "--set", "comm.inner_size=2", "--epochs", str(epochs), "--output-dir",
-           str(run), "--overwrite", "--set", f"train.cuda_graph={graph}", "--set", "train.progress=false"]
-    subprocess.run(cmd, cwd=ROOT, check=True, timeout=300)
-    info = json.loads((run / "run.json").read_text())
+    from benchmarks.graph_modes import launch
+
+    run = launch(out_dir, f"job-{graph}", ["--mode", "rma-arar-arar", "--epochs", str(epochs), "--set",
+                                           f"train.cuda_graph={graph}"], 300)
+    info = json.loads((Path(run["dir"]) / "run.json").read_text())
     train_s = info["train_seconds"]
     return {"cuda_graph": graph, "epochs": info["epochs"], "train_seconds": train_s,
             "epochs_per_s_per_rank": [info["epochs"] / t for t in train_s], "startup_s": info.get("startup_s"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ RTOL, ATOL = 1e-3, 1e-4  #: as tests/test_step.py's graph-against-eager test (th
 
 def launch(work: Path, name: str, args: list[str], timeout_s: int) -> dict:
     run = work / name
-    cmd = ["mpiexec", "-n", "4", sys.executable, "-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml",
+    cmd = [os.environ.get("MPIEXEC", "mpiexec"), "-n", "4", sys.executable, "-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml",
            "--set", "comm.inner_size=2", "--set", "train.progress=false", "--output-dir", str(run), "--overwrite",
            *args]
     t0 = time.perf_counter()
