@@ -303,3 +303,36 @@ def test_hvd_graph_replay_agrees_with_eager(tmp_path):  # pragma: no cover - GPU
 
     on = graph_against_eager(tmp_path, build, 100)["on"]
     assert on.graphs.record()["segments"] >= 4, on.graphs.record()
+
+
+@CUDA
+def test_the_host_waits_for_each_replayed_epoch(tmp_path):  # pragma: no cover - GPU machines only
+    """sagips/graph.py, "The host's lead": once graphs replay, nothing of an epoch is still queued when it ends."""
+    tr = make_trainer(tmp_path, PROXY + ["train.cuda_graph=on"], device="cuda")
+    tr.step(1)  # builds the runner
+    runner, seen = tr.graphs, []
+    done = runner.step_done
+
+    def checked():
+        done()
+        seen.append((bool(runner.graphs), torch.cuda.current_stream().query()))
+
+    runner.step_done = checked
+    for e in range(2, 12):
+        tr.step(e)
+    assert runner.record()["replays"] > 0, runner.record()
+    assert [idle for replaying, idle in seen if replaying] == [True] * (11 - runner.warmup), seen
+
+
+@CUDA
+def test_fit_replayed_agrees_with_eager_without_host_reads(tmp_path):  # pragma: no cover - GPU machines only
+    """fit() as a user runs it (no loss read per epoch, the NaN guard read every 10 epochs), recorded and eager."""
+    final = {}
+    for mode in ("off", "on"):
+        tr = make_trainer(tmp_path / mode, PROXY + ["train.ema=0.9", "train.epochs=200", f"train.cuda_graph={mode}"],
+                          device="cuda")
+        tr.fit(progress=False)
+        assert tr.graphs.record()["used"] == (mode == "on"), tr.graphs.record()
+        final[mode] = _final(tr)
+    for k, v in final["off"].items():
+        torch.testing.assert_close(final["on"][k], v, rtol=1e-3, atol=1e-4, msg=k)
