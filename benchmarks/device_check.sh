@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv | tee -a "$
 if want tests; then
 log "CUDA tests"
 timeout 150 python3 -m pytest -q --tb=short -rs tests/test_step.py tests/test_trainer.py tests/test_profiling.py \
-    tests/test_precondition.py -k "graph or resume_from or cuda or nvtx" >"$OUT/cuda_tests.log" 2>&1
+    tests/test_precondition.py -k "graph or replayed or resume_from or cuda or nvtx" >"$OUT/cuda_tests.log" 2>&1
 log "CUDA tests rc=$?"
 grep -E "passed|failed|FAILED|ERROR|Error:" "$OUT/cuda_tests.log" | tail -20 | tee -a "$OUT/steps.log"
 fi
