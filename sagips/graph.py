@@ -17,13 +17,14 @@ decides on the device, sagips/guard.py); keep shapes fixed; take its random numb
 the graph (`generators`, besides CUDA's default one); step optimizers that are capturable (fused Adam, its learning
 rate a device tensor). `why_not` names what stands in the way; `auto` then stays eager and says why in one line.
 
-The host's lead. While graphs replay, `step_done` waits for the epoch's device work, so that the host never queues
-more than one epoch. Measured on one H100 (docs/benchmarks/gpu_step.notes.md): in `ensemble`, the one mode without a
-host synchronisation inside its epoch, the host ran up to 10 epochs ahead (to the next NaN-guard read), and 7 of 14
-graph runs ended 200-780 tolerances from their eager runs, with the same alternative weights on a given rank each
-time; with a synchronisation at every epoch 0 of 9 did (two eager runs: at most 6). The cause inside the queued
-replays was not found. Every other mode already waits for its exchange once per epoch. The wait costs the gap
-between one epoch's last kernel and the next epoch's first launch (tens of microseconds against 1.7-3 ms epochs).
+The host's lead. With graphs on, `step_done` waits for the epoch's device work (in the warm-up epochs too: the
+condition measured), so that the host never queues more than one epoch. Measured on one H100
+(docs/benchmarks/gpu_step.notes.md): in `ensemble`, the one mode without a host synchronisation inside its epoch,
+the host ran up to 10 epochs ahead (to the next NaN-guard read), and 7 of 14 graph runs ended 200-780 tolerances
+from their eager runs, with the same alternative weights on a given rank each time; with a synchronisation at every
+epoch 0 of 9 did (two eager runs: at most 6). The cause inside the queued replays was not found. Every other mode
+already waits for its exchange once per epoch. The wait costs the gap between one epoch's last kernel and the next
+epoch's first launch (tens of microseconds against 1.7-3 ms epochs).
 """
 from __future__ import annotations
 
@@ -105,10 +106,10 @@ class SegmentRunner:
         current.wait_stream(self.stream)  # what follows on the current stream (e.g. GradBuffer.wait) sees it done
 
     def step_done(self) -> None:
-        """The end of one whole step. While graphs replay, the host waits here for the step's device work: it never
-        runs more than one epoch ahead of the GPU (see "The host's lead" above)."""
+        """The end of one whole step. With graphs on (the warm-up epochs too), the host waits here for the step's
+        device work: it never runs more than one epoch ahead of the GPU (see "The host's lead" above)."""
         self.steps += 1
-        if self.graphs:
+        if self.enabled:
             torch.cuda.current_stream(self.device).synchronize()
 
     def _record(self, i: int, fn: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
