@@ -68,12 +68,12 @@ class ParametricConfig:
                              "mixture over p", min=0.0)
     g_out_scale: float = opt(0.1, "scale of the generator's output-layer weights at initialisation (small: every "
                              "run starts near the middle of the parameter box)", min=0.0)
-    g_start: float = opt(0.0, "spread of the generator's starting point: 0 starts every run at the middle of the "
-                         "parameter box; s in (0, 1) starts each one at a random point of the box's middle fraction s "
-                         "(from its seed), so that independent members (--mode ensemble) enter a flat, correlated "
-                         "direction at different points (toy1d, preconditioned, at 0.8: no bias along the valley, and "
-                         "a conservative sigma, as the members had not met after 2,000 epochs; "
-                         "docs/benchmarks/coverage.notes.md)", min=0.0, max=0.99)
+    g_start: float = opt(0.8, "spread of the generator's starting point: s in (0, 1) starts each run at a random "
+                         "point of the box's middle fraction s (from its seed), so that independent members (--mode "
+                         "ensemble, --ensemble-size) enter a flat, correlated direction at different points and do not "
+                         "stop together on one side of it (toy1d: no bias along its valley; smear1d: as good as 0); 0 "
+                         "starts every run at the middle of the box (docs/benchmarks/coverage.notes.md)",
+                         min=0.0, max=0.99)
     hidden: int = opt(128, "hidden width of both networks", min=1)
     layers: int = opt(4, "hidden layers of both networks", min=1)
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)

@@ -53,7 +53,8 @@ def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
             f = super().density(p, x)
             return torch.where(p[:, 2:3] > 1.0, f * float("nan"), f)
 
-    tr = make_trainer(NaNAtLargeC, tmp_path)  # the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not
+    # started at the box's middle (g_start 0): the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not
+    tr = make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
     with pytest.raises(FirstEpochCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
         tr.fit(progress=False)
 
