@@ -301,6 +301,8 @@ FLOOR_MARGIN = 1.5  # "at its floor": rms error within 1.5x the run's statistica
 
 #: the commit from which a density environment (toy1d) trains with the Fisher preconditioner by default
 PRECONDITIONED_FROM = "c0096a6"
+#: the commit from which a ParametricEnvironment's members start apart by default (environment.g_start 0.8)
+STARTED_APART_FROM = "97ff486"
 
 
 def code_of(rs: list[dict]) -> str:
@@ -443,7 +445,10 @@ def page(out: Path) -> str:
              "under an older rule read alike.", "",
              f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
              f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "
-             "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", ""]
+             "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", "",
+             f"Every member starts at its own point of the box's middle 80 % by default from commit "
+             f"{STARTED_APART_FROM} on (`environment.g_start=0.8`); the profiles without a `g_start` setting from "
+             "earlier code, and those without a commit, started every member at the box's middle.", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += groups_tables(recs, "")
