@@ -167,10 +167,19 @@ def profile(args: argparse.Namespace, case: str) -> dict:
             "noise_samples": args.noise_samples, "set": list(args.set), "events": args.events}
     if args.workflow != "ensemble":  # (the ensemble profiles' ids stay those of the records made before it existed)
         prof["workflow"] = args.workflow
+    if started_apart(args, case):  # the default start from STARTED_APART_FROM on: a profile of its own
+        prof["g_start"] = STARTED_APART
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
     return prof
+
+
+def started_apart(args: argparse.Namespace, case: str) -> bool:
+    """Whether the members start apart by the environment's default (a ParametricEnvironment case, no
+    environment.g_start in --set): such profiles get ids and record names of their own, apart from the records
+    that the same settings made, at the box's middle, before the default changed."""
+    return case in PARAMETRIC and not any(s.startswith("environment.g_start=") for s in args.set)
 
 
 def config_of(args: argparse.Namespace, case: str) -> str | None:
@@ -182,7 +191,7 @@ def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
     so that a variant never overwrites the preset's records."""
     tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
-        f"-{profile(args, case)['id']}" if args.set and not args.smoke else "")
+        f"-{profile(args, case)['id']}" if (args.set or started_apart(args, case)) and not args.smoke else "")
     return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
 
@@ -303,6 +312,9 @@ FLOOR_MARGIN = 1.5  # "at its floor": rms error within 1.5x the run's statistica
 PRECONDITIONED_FROM = "c0096a6"
 #: the commit from which a ParametricEnvironment's members start apart by default (environment.g_start 0.8)
 STARTED_APART_FROM = "97ff486"
+STARTED_APART = 0.8
+#: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
+PARAMETRIC = ("smear1d", "toy1d")
 
 
 def code_of(rs: list[dict]) -> str:
@@ -388,7 +400,9 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
             continue
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
-                  f"settings {' '.join(prof['set']) or 'the preset'}, p̂ on {kf} noise vectors){label}", "",
+                  f"settings {' '.join(prof['set']) or 'the preset'}"
+                  f"{', members started apart (the default)' if 'g_start' in prof else ''}, p̂ on {kf} noise "
+                  f"vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
                   f"{code_of(rs)}.", "",
                   "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | ±k68σ | "
@@ -446,9 +460,10 @@ def page(out: Path) -> str:
              f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
              f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "
              "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", "",
-             f"Every member starts at its own point of the box's middle 80 % by default from commit "
-             f"{STARTED_APART_FROM} on (`environment.g_start=0.8`); the profiles without a `g_start` setting from "
-             "earlier code, and those without a commit, started every member at the box's middle.", ""]
+             f"smear1d's and toy1d's members start at their own points of the box's middle 80 % by default from "
+             f"commit {STARTED_APART_FROM} on (`environment.g_start=0.8`). Their profiles made before, with no "
+             "`g_start` setting, started every member at the box's middle; those made after it get profiles of "
+             "their own (the heading says `members started apart`).", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += groups_tables(recs, "")

@@ -24,7 +24,7 @@ the host ran up to 10 epochs ahead (to the next NaN-guard read), and 7 of 14 gra
 from their eager runs, with the same alternative weights on a given rank each time; with a synchronisation at every
 epoch 0 of 9 did (two eager runs: at most 6). The cause inside the queued replays was not found. Every other mode
 already waits for its exchange once per epoch. The wait costs the gap between one epoch's last kernel and the next
-epoch's first launch (tens of microseconds against 1.7-3 ms epochs).
+epoch's first launch (expected: tens of microseconds against 1.7-3 ms epochs; not measured yet).
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ class ParametricConfig:
                              "generator nearly one point, so that its mean prediction is not the mean of a broad "
                              "mixture over p", min=0.0)
     g_out_scale: float = opt(0.1, "scale of the generator's output-layer weights at initialisation (small: every "
-                             "run starts near the middle of the parameter box)", min=0.0)
+                             "noise vector starts near one point, the run's start; see g_start)", min=0.0)
     g_start: float = opt(0.8, "spread of the generator's starting point: s in (0, 1) starts each run at a random "
                          "point of the box's middle fraction s (from its seed), so that independent members (--mode "
                          "ensemble, --ensemble-size) enter a flat, correlated direction at different points and do not "

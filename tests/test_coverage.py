@@ -87,3 +87,25 @@ def _export(code):
     from benchmarks import frozen
 
     return frozen.export(code)[1]
+
+
+def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, monkeypatch):
+    """From coverage.STARTED_APART_FROM on, smear1d's and toy1d's members start apart by default: a profile without an
+    environment.g_start setting is then a profile of its own (id and record names), so that a rerun never takes the
+    records that the same settings made at the box's middle for its own."""
+    from sagips.parametric import ParametricConfig
+
+    assert ParametricConfig().g_start == coverage.STARTED_APART  # the page's claim is the library's default
+    args = coverage.parse_args(["--case", "smear1d", "--out", str(tmp_path)])
+    new = coverage.profile(args, "smear1d")
+    assert new["g_start"] == 0.8
+    assert coverage.record_path(tmp_path, args, "smear1d", 3).name == f"smear1d-{new['id']}-003.json"
+    explicit = coverage.parse_args(["--case", "toy1d", "--set", "environment.precondition=fisher", "--set",
+                                    "environment.g_start=0.8", "--out", str(tmp_path)])
+    assert coverage.profile(explicit, "toy1d")["id"] == "0e92873fcb71"  # an explicit start: the id its records have
+    proxy = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
+    assert "g_start" not in coverage.profile(proxy, "proxy1d")  # no such option there
+    assert coverage.record_path(tmp_path, proxy, "proxy1d", 0).name == "proxy1d-000.json"
+    monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the default changed
+    assert coverage.profile(args, "smear1d")["id"] == "6acd8c3da6b4" != new["id"]  # the middle start's records
+    assert coverage.record_path(tmp_path, args, "smear1d", 3).name == "smear1d-003.json"
