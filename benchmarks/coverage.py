@@ -30,7 +30,8 @@ fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of 
 
 Each replica writes DIR/coverage/CASE-KKK.json as it finishes (--commit: and commits that file alone); a rerun skips
 the replicas whose JSON holds the same profile (resume). The page DIR/coverage.md is generated whole from the JSON;
-notes by hand go to DIR/coverage.notes.md, which this script links and never writes.
+notes by hand go to DIR/coverage.notes.md, which this script links and never writes. The page opens with a
+summary: per case and workflow, the largest profile that ran today's defaults (SAME_AS_DEFAULT, at_defaults).
 
 Reported per parameter: the pull (p^ - p_true)/sigma (mean and width), the coverage of +-1 sigma and +-2 sigma, and the
 ratio of the GAN's sigma to the ML sigma. Target: pull width 0.8-1.25, coverage of +-1 sigma 58-78 %.
@@ -344,6 +345,19 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
              "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",
              "|---|---:|---:|---:|---:|---:|---|"]
+    for row in floor_rows(prof, rs):
+        lines.append(f"| {row['name']} | {len(rs)} | {row['rms']:.2f} | {row['ml_rms']:.2f} | {row['max']:.2f} | "
+                     f"{row['gan_ml']:.2f} | {row['verdict']} |")
+    return lines + [""]
+
+
+def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
+    """Per parameter of a workflow-run profile: the rms error of the GAN and of the ML fit, the largest GAN error
+    and the rms GAN - ML distance, in units of the ML sigma; and the verdict against the run's floor."""
+    from sagips.analysis.stats import seen_fraction
+
+    floor = 1.0 / math.sqrt(seen_fraction(rs[0].get("subset_fraction", 0.5), int(prof["members"])))
+    rows = []
     for i, name in enumerate(rs[0]["names"]):
         t = np.array([r["truth"][i] for r in rs])
         p = np.array([r["gan"]["p_hat"][i] for r in rs])
@@ -354,12 +368,11 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
             unit = np.full(len(rs), math.sqrt(np.mean((mp - t) ** 2)))
         g, m, d = (p - t) / unit, (mp - t) / unit, (p - mp) / unit
         rms = float(np.sqrt(np.mean(g ** 2)))
-        ok = rms <= FLOOR_MARGIN * floor
-        verdict = ("at its floor" if ok else "above its floor") + (f" (provisional, K = {len(rs)})" if len(rs) < 5
-                                                                  else "")
-        lines.append(f"| {name} | {len(rs)} | {rms:.2f} | {np.sqrt(np.mean(m ** 2)):.2f} | {np.max(np.abs(g)):.2f} | "
-                     f"{np.sqrt(np.mean(d ** 2)):.2f} | {verdict} |")
-    return lines + [""]
+        verdict = ("at its floor" if rms <= FLOOR_MARGIN * floor else "above its floor") + (
+            f" (provisional, K = {len(rs)})" if len(rs) < 5 else "")
+        rows.append({"name": name, "rms": rms, "ml_rms": float(np.sqrt(np.mean(m ** 2))),
+                     "max": float(np.max(np.abs(g))), "gan_ml": float(np.sqrt(np.mean(d ** 2))), "verdict": verdict})
+    return rows
 
 
 def sigma_now(r: dict, i: int) -> float:
@@ -385,6 +398,79 @@ def expected(members: int) -> dict:
 
 def _f(x, spec):
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def calibration_verdict(row: dict) -> str:
+    """met / missed against the target (pull width and coverage of +-1 sigma); provisional below the issue's K = 20."""
+    ok = (row["pull_width"] is not None and PULL_WIDTH[0] <= row["pull_width"] <= PULL_WIDTH[1]
+          and COVER_1[0] <= row["cover1"] <= COVER_1[1])
+    if row["n"] < 20:  # the issue's K >= 20: fewer is a provisional reading either way
+        return f"provisional ({'within' if ok else 'outside'} the target at K = {row['n']})"
+    return "met" if ok else "missed"
+
+
+#: per case, the --set settings that only restate a default of today's code (a profile with them, or with none of
+#: its own, ran the shipped defaults; tests/test_coverage.py checks each against the library)
+SAME_AS_DEFAULT = {"smear1d": ("environment.g_start=0.8",),
+                   "toy1d": ("environment.g_start=0.8", "environment.precondition=fisher")}
+
+
+def at_defaults(case: str, prof: dict) -> bool:
+    """Whether a profile ran what a user gets today: no setting apart from restated defaults, the members started
+    apart (a ParametricEnvironment: by the default, which implies code from after the preconditioner became the
+    default, or by --set) and, for toy1d, the Fisher preconditioner (by --set, or by that same code)."""
+    if any(s not in SAME_AS_DEFAULT.get(case, ()) for s in prof["set"]):
+        return False
+    if case not in PARAMETRIC:
+        return True
+    by_default = "g_start" in prof
+    if not (by_default or f"environment.g_start={STARTED_APART}" in prof["set"]):
+        return False
+    return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
+
+
+def summary(recs: list[dict]) -> list[str]:
+    """The page's first section: per case and workflow, the profile with the most replicas among those that ran
+    today's defaults, in one line per parameter (or 'not measured')."""
+    by: dict[tuple, list[dict]] = {}
+    for r in recs:
+        by.setdefault((r["case"], r["profile"].get("workflow", "ensemble"), r["profile"]["id"]), []).append(r)
+    best: dict[tuple, list[dict]] = {}
+    for (case, wf, _), rs in by.items():
+        if at_defaults(case, rs[0]["profile"]) and len(rs) > len(best.get((case, wf), [])):
+            best[case, wf] = rs
+    def ensemble_cells(rs):
+        for row in stats_of(rs):
+            ratio = row["gan_err_rms"] / row["ml_err_rms"] if row["ml_err_rms"] else float("nan")
+            yield (row["name"], row["n"], f"{row['pull_mean']:+.2f}", _f(row["pull_width"], ".2f"),
+                   f"{100 * row['cover1']:.0f} %", f"{ratio:.2f}", calibration_verdict(row))
+
+    def run_cells(rs):
+        for row in floor_rows(rs[0]["profile"], rs):
+            yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["verdict"]
+
+    lines = ["## Summary: what today's defaults give", "",
+             "Per case, the profile with the most data sets among those that ran today's defaults (sections below); "
+             "errors in units of the ML fit's σ on the same events.", ""]
+    for wf, intro, head, cells in (
+            ("ensemble", "**An ensemble of M members** (`--mode ensemble --ensemble-size M`, the case's preset; the "
+             "issue's workflow):", "M | pull mean | pull width | ±1σ | rms error GAN / ML", ensemble_cells),
+            ("run", "**One run** as a new user starts it (`--workflow run`: M ranks of rma-arar-arar, the "
+             "environment's own defaults), against its statistical floor:", "ranks | rms error GAN | rms error ML",
+             run_cells)):
+        n = head.count("|") + 1
+        lines += [intro, "", f"| case | parameter | profile | K | {head} | verdict |",
+                  "|---|---|---|" + "---:|" * (n + 1) + "---|"]
+        for case in CASES:
+            rs = best.get((case, wf))
+            if not rs:
+                lines.append(f"| {case} | all | — | 0 |" + " |" * n + " not measured |")
+                continue
+            for name, k, *rest in cells(rs):
+                m = rs[0]["profile"]["members"]
+                lines.append(f"| {case} | {name} | {rs[0]['profile']['id']} | {k} | {m} | " + " | ".join(rest) + " |")
+        lines.append("")
+    return lines
 
 
 def groups_tables(recs: list[dict], label: str) -> list[str]:
@@ -413,12 +499,7 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         lines.append(f"| *exact σ, M = {prof['members']} members* | | 0 | {e['std']:.2f} | {e['hw68']:.2f} | "
                      f"{100 * e['cover1']:.0f} % | {100 * e['cover2']:.0f} % | 68 % | 95 % | | | | | | |")
         for row in stats_of(rs):
-            ok = (row["pull_width"] is not None and PULL_WIDTH[0] <= row["pull_width"] <= PULL_WIDTH[1]
-                  and COVER_1[0] <= row["cover1"] <= COVER_1[1])
-            if row["n"] < 20:  # the issue's K >= 20: fewer is a provisional reading either way
-                verdict = f"provisional ({'within' if ok else 'outside'} the target at K = {row['n']})"
-            else:
-                verdict = "met" if ok else "missed"
+            verdict = calibration_verdict(row)
             lines.append(f"| {row['name']} | {row['n']} | {row['pull_mean']:+.2f} | {_f(row['pull_width'], '.2f')} | "
                          f"{_f(row['pull_width68'], '.2f')} | "
                          f"{100 * row['cover1']:.0f} % | {100 * row['cover2']:.0f} % | "
@@ -466,7 +547,7 @@ def page(out: Path) -> str:
              "their own (the heading says `members started apart`).", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
-    lines += groups_tables(recs, "")
+    lines += summary(recs) + groups_tables(recs, "")
     for name, rs in old.items():
         lines += groups_tables(rs, f" — superseded (coverage/{name}/)")
     return "\n".join(lines) + "\n"

@@ -109,3 +109,35 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the default changed
     assert coverage.profile(args, "smear1d")["id"] == "6acd8c3da6b4" != new["id"]  # the middle start's records
     assert coverage.record_path(tmp_path, args, "smear1d", 3).name == "smear1d-003.json"
+
+
+def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
+    """The page's summary picks, per case and workflow, the largest profile that ran the shipped defaults: the
+    members started apart (and toy1d preconditioned), no other setting; and says 'not measured' where none did."""
+    from pathlib import Path
+
+    from sagips.parametric import DensityConfig, ParametricConfig
+
+    for case, sets in coverage.SAME_AS_DEFAULT.items():  # each restated setting is the library's default today
+        cfg = DensityConfig() if case == "toy1d" else ParametricConfig()
+        for s in sets:
+            key, value = s.split("=", 1)
+            assert str(getattr(cfg, key.split(".", 1)[1])) == value, s
+    folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
+
+    def records(name):
+        return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{name}-[0-9][0-9][0-9].json"))]
+
+    default, middle = records("smear1d-3ae62d8d97a4"), records("smear1d")  # started apart / at the box's middle
+    toy_now, toy_plain = records("toy1d-0e92873fcb71"), records("toy1d")  # preconditioned, apart / plain, middle
+    toy_middle = records("toy1d-c4eaca352bd9")  # preconditioned, at the middle
+    toy_long = records("toy1d-b0bed3456504")  # train.epochs=4000: not a default
+    assert len(default) == len(middle) == len(toy_now) == len(toy_middle) == 20 and toy_plain and toy_long
+    assert [coverage.at_defaults(rs[0]["case"], rs[0]["profile"]) for rs in
+            (default, middle, toy_now, toy_plain, toy_middle, toy_long)] == [True, False, True, False, False, False]
+    lines = coverage.summary(middle + toy_plain + toy_middle + toy_long + default + toy_now)
+    assert any(ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |") for ln in lines)
+    assert any(ln.startswith("| toy1d | c | 0e92873fcb71 | 20 | 4 |") for ln in lines)
+    assert not any(pid in ln for ln in lines for pid in ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504"))
+    assert "| proxy1d | all | — | 0 | | | | | | not measured |" in lines
+    assert sum("not measured" in ln for ln in lines) == 4  # proxy1d's ensemble, and every case's one run
