@@ -22,7 +22,8 @@ the workflow a user runs: one job of M members,
 and, on the same events, the maximum-likelihood fit with its own sigma from the Fisher information (the Hessian of
 the negative log-likelihood at the fit): smear1d (the exponentially modified Gaussian, scipy.stats.exponnorm) and
 toy1d (benchmarks/toy1d.py's unbinned fit and Fisher matrix). proxy1d's ML point comes from
-benchmarks/loop_closure.py (a binned fit with the norm constraints); its sigma is not computed (None).
+benchmarks/loop_closure.py (a binned fit with the norm constraints), its sigma from the observed information in the
+directions that keep the norms (loop_closure.ml_covariance; records from before it have none).
 
 --workflow run (issue 36, item 3) asks instead whether one run, started as a new user starts it (M ranks of
 rma-arar-arar on the environment's own defaults, no preset), ends at the data's floor: on the same data sets and ML
@@ -159,7 +160,8 @@ def ml_reference(case: str, data_file: Path, truth: np.ndarray, env_cfg) -> dict
 
     arrays, attrs = read_reference(data_file, {"events": 2})
     p = loop_closure.ml_fit(arrays["events"], attrs["norms"], env_cfg, truth * 1.01)
-    return {"p": p.tolist(), "sigma": None}
+    cov = loop_closure.ml_covariance(arrays["events"], env_cfg, p)
+    return {"p": p.tolist(), "sigma": np.sqrt(np.diag(cov)).tolist()}
 
 
 # ----------------------------------------------------------------------------------------------- one replica
@@ -339,8 +341,8 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
-             f"Error = (p̂ − p_true) in "
-             f"units of the ML fit's σ on the same events (proxy1d: the ML fits' rms error over the data sets). A run "
+             f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (records without it: the ML "
+             f"fits' rms error over the data sets). A run "
              f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
              "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",

@@ -51,24 +51,34 @@ NOTES = "loop_closure_notes.md"
 
 
 # ----------------------------------------------------------------------------------------------- the ML floor
+def _binned(events: np.ndarray, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The theory's grid and the events' counts per bin of it, per observable (2, bins): the binned likelihood is
+    exact for the sampler's density (each observable drawn by its own uniform)."""
+    x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
+    counts = []
+    for k in range(2):
+        idx = np.clip(np.searchsorted(x.numpy(), events[:, k], side="right") - 1, 0, len(x) - 2)
+        counts.append(np.bincount(idx, minlength=len(x) - 1))
+    return x, torch.tensor(np.stack(counts), dtype=torch.float64)
+
+
+def _nll(p: torch.Tensor, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The binned negative log-likelihood of the counts at parameters p (6,), summed over all events' bins."""
+    _, cdf = theory.norms_and_cdf(p[None], x)
+    return -(counts * torch.log((cdf[0, :, 1:] - cdf[0, :, :-1]).clamp_min(1e-300))).sum()
+
+
 def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
     """Maximum-likelihood parameters for events (N, 2) with the reference norms as constraints."""
     from scipy import optimize
 
-    x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
-    counts = []
-    for k in range(2):  # per-bin counts: the binned likelihood is exact for the sampler's density
-        idx = np.clip(np.searchsorted(x.numpy(), events[:, k], side="right") - 1, 0, len(x) - 2)
-        counts.append(np.bincount(idx, minlength=len(x) - 1))
-    counts = torch.tensor(np.stack(counts), dtype=torch.float64)
+    x, counts = _binned(events, cfg)
     n_tot = counts.sum()
     ref = torch.tensor(norms, dtype=torch.float64)
 
     def nll(p_np):
         p = torch.tensor(p_np, dtype=torch.float64, requires_grad=True)
-        _, cdf = theory.norms_and_cdf(p[None], x)
-        mass = (cdf[0, :, 1:] - cdf[0, :, :-1]).clamp_min(1e-300)
-        val = -(counts * torch.log(mass)).sum() / n_tot
+        val = _nll(p, x, counts) / n_tot
         val.backward()
         return val.item(), p.grad.numpy().copy()
 
@@ -80,6 +90,23 @@ def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.
     res = optimize.minimize(nll, start, jac=True, method="SLSQP", bounds=bounds,
                             constraints=[{"type": "eq", "fun": cons}], options={"maxiter": 500, "ftol": 1e-14})
     return res.x
+
+
+def ml_covariance(events: np.ndarray, cfg, p: np.ndarray) -> np.ndarray:
+    """Covariance (6, 6) of the ML fit at p: the inverse of the observed information (the Hessian of the binned
+    NLL) in the directions that keep both norms, which the fit holds fixed: V = Z (Z^T H Z)^-1 Z^T, Z an orthonormal
+    basis of the null space of the norms' Jacobian."""
+    return _covariance(*_binned(events, cfg), p)
+
+
+def _covariance(x: torch.Tensor, counts: torch.Tensor, p: np.ndarray) -> np.ndarray:
+    from scipy.linalg import null_space
+
+    p = torch.as_tensor(p, dtype=torch.float64)
+    h = torch.autograd.functional.hessian(lambda q: _nll(q, x, counts), p).numpy()
+    c = torch.autograd.functional.jacobian(lambda q: theory.norms_and_cdf(q[None], x)[0][0], p).numpy()
+    z = null_space(c)
+    return z @ np.linalg.inv(z.T @ h @ z) @ z.T
 
 
 def floor(env_cfg, seed: int) -> dict:

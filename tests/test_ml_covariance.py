@@ -1,0 +1,35 @@
+"""The proxy1d ML fit's covariance (benchmarks/loop_closure.ml_covariance, the unit of coverage.py's proxy1d errors)
+against two independent formulas: at the expected counts its Hessian is the multinomial Fisher information
+n * sum_b dm_b dm_b^T / m_b, and the null-space restriction equals the bordered (Lagrange) form of a constrained covariance."""
+import numpy as np
+import torch
+
+from benchmarks import loop_closure as lc
+from sagips.config import load
+from sagips_environments.proxy1d import theory
+
+
+def test_covariance_is_the_fisher_information_restricted_to_fixed_norms():
+    cfg = load(str(lc.ROOT / "configs" / "proxy1d-quick.yaml"), ["environment.grid_points=200"]).environment
+    truth = torch.tensor(cfg.true_params, dtype=torch.float64)
+    x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
+    n = 1.0e6
+
+    def mass(q):
+        cdf = theory.norms_and_cdf(q[None], x)[1][0]
+        return cdf[:, 1:] - cdf[:, :-1]  # (2, bins): each observable's bin probabilities
+
+    m = mass(truth)
+    counts = n * m  # expected counts: the observed information is then the Fisher information exactly
+    v = lc._covariance(x, counts, truth.numpy())
+    dm = torch.autograd.functional.jacobian(mass, truth).reshape(-1, 6).numpy()
+    fisher = n * (dm.T / m.reshape(-1).numpy()) @ dm
+    c = torch.autograd.functional.jacobian(lambda q: theory.norms_and_cdf(q[None], x)[0][0], truth).numpy()
+    # the Lagrange (bordered) form: the shapes alone leave the overall scale free (the Fisher matrix is near
+    # singular there), the norms fix it
+    bordered = np.block([[fisher, c.T], [c, np.zeros((2, 2))]])
+    lagrange = np.linalg.inv(bordered)[:6, :6]
+    assert np.allclose(v, lagrange, rtol=1e-6, atol=1e-12 * np.abs(lagrange).max())
+    assert np.all(np.diag(v) > 0) and np.allclose(c @ v, 0, atol=1e-9 * np.abs(v).max())  # no motion of the norms
+    # 4x the events: sigma / 2
+    assert np.allclose(lc._covariance(x, 4 * counts, truth.numpy()), v / 4, rtol=1e-9)
