@@ -136,7 +136,8 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     assert [coverage.at_defaults(rs[0]["case"], rs[0]["profile"]) for rs in
             (default, middle, toy_now, toy_plain, toy_middle, toy_long)] == [True, False, True, False, False, False]
     lines = coverage.summary(middle + toy_plain + toy_middle + toy_long + default + toy_now)
-    assert any(ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |") for ln in lines)
+    res = [ln for ln in lines if ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |")]
+    assert len(res) == 1 and "| 80 % (56–94) |" in res[0]  # 16 of 20 covered: scipy's exact 95 % interval
     assert any(ln.startswith("| toy1d | c | 0e92873fcb71 | 20 | 4 |") for ln in lines)
     assert not any(pid in ln for ln in lines for pid in ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504"))
     assert "| proxy1d | all | — | 0 | | | | | | not measured |" in lines
