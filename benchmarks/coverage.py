@@ -294,6 +294,7 @@ def stats_of(recs: list[dict]) -> list[dict]:
                "pull_width68": float(np.diff(np.nanpercentile(pull, [15.87, 84.13]))[0] / 2) if len(recs) > 1
                else None,
                "cover1": float(np.mean(np.abs(pull[np.isfinite(pull)]) <= 1)),
+               "covered1": int(np.sum(np.abs(pull[fin]) <= 1)), "finite": int(fin.sum()),
                "cover2": float(np.mean(np.abs(pull[np.isfinite(pull)]) <= 2)),
                "moving": int(sum(bool(r["moving"][i]) for r in recs)), "ratio": None, "ml_pull_width": None,
                "gan_err_rms": float(np.sqrt(np.mean((p - t) ** 2))), "ml_err_rms": None}
@@ -341,7 +342,7 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
-             f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (records without it: the ML "
+             f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record without it: the ML "
              f"fits' rms error over the data sets). A run "
              f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
@@ -418,10 +419,15 @@ SAME_AS_DEFAULT = {"smear1d": ("environment.g_start=0.8",),
 
 
 def at_defaults(case: str, prof: dict) -> bool:
-    """Whether a profile ran what a user gets today: no setting apart from restated defaults, the members started
+    """Whether a profile ran what a user gets today: no setting apart from restated defaults (nor another data size
+    or noise batch of the study), the members started
     apart (a ParametricEnvironment: by the default, which implies code from after the preconditioner became the
     default, or by --set) and, for toy1d, the Fisher preconditioner (by --set, or by that same code)."""
     if any(s not in SAME_AS_DEFAULT.get(case, ()) for s in prof["set"]):
+        return False
+    d = parse_args([])  # the study's own defaults: the data's size, and p^ on the final noise batch
+    if prof.get("events") is not None or prof["noise_samples"] != d.noise_samples or prof.get(
+            "final_noise_samples", prof["noise_samples"]) != max(d.final_noise_samples, d.noise_samples):
         return False
     if case not in PARAMETRIC:
         return True
@@ -446,18 +452,22 @@ def summary(recs: list[dict]) -> list[str]:
     def ensemble_cells(rs):
         for row in stats_of(rs):
             ratio = row["gan_err_rms"] / row["ml_err_rms"] if row["ml_err_rms"] else float("nan")
-            ci = binomtest(round(row["cover1"] * row["n"]), row["n"]).proportion_ci(0.95, "exact")
-            yield (row["name"], row["n"], f"{row['pull_mean']:+.2f}", _f(row["pull_width"], ".2f"),
-                   f"{100 * row['cover1']:.0f} % ({100 * ci.low:.0f}–{100 * ci.high:.0f})", f"{ratio:.2f}",
-                   calibration_verdict(row))
+            cover = "n/a"
+            if row["finite"]:  # (a pull is not finite where sigma is 0: the interval counts the finite ones)
+                ci = binomtest(row["covered1"], row["finite"]).proportion_ci(0.95, "exact")
+                of = "" if row["finite"] == row["n"] else f"; {row['finite']} finite"
+                cover = f"{100 * row['cover1']:.0f} % ({100 * ci.low:.0f}–{100 * ci.high:.0f}{of})"
+            yield (row["name"], row["n"], f"{row['pull_mean']:+.2f}", _f(row["pull_width"], ".2f"), cover,
+                   f"{ratio:.2f}", calibration_verdict(row))
 
     def run_cells(rs):
         for row in floor_rows(rs[0]["profile"], rs):
             yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["verdict"]
 
     lines = ["## Summary: what today's defaults give", "",
-             "Per case, the profile with the most data sets among those that ran today's defaults (sections below); "
-             "errors in units of the ML fit's σ on the same events. Beside the coverage of ±1σ, its 95 % interval "
+             "Per case, the profile with the most data sets among those that ran today's defaults (sections below). "
+             "Pulls are in units of the GAN's own σ; the errors of the GAN and of the ML fit on the same events in "
+             "units of the ML fit's σ, or as their ratio. Beside the coverage of ±1σ, its 95 % interval "
              "(Clopper–Pearson, from K data sets): a verdict whose interval holds the target's 68 % is not yet a "
              "clear miss.", ""]
     for wf, intro, head, cells in (
@@ -472,7 +482,7 @@ def summary(recs: list[dict]) -> list[str]:
         for case in CASES:
             rs = best.get((case, wf))
             if not rs:
-                lines.append(f"| {case} | all | — | 0 |" + " |" * n + " not measured |")
+                lines.append(f"| {case} | all | — | 0 |" + " |" * n + " not measured at today's defaults |")
                 continue
             for name, k, *rest in cells(rs):
                 m = rs[0]["profile"]["members"]

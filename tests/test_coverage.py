@@ -1,5 +1,6 @@
 """benchmarks/coverage.py's --smoke profile (issue 36, item 4): data, a 2-member job, sagips.analyze and the ML fit
 for 1 replica of smear1d, its JSON, resume (a rerun trains nothing), and the page generated whole."""
+import copy
 import json
 import sys
 
@@ -135,10 +136,24 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     assert len(default) == len(middle) == len(toy_now) == len(toy_middle) == 20 and toy_plain and toy_long
     assert [coverage.at_defaults(rs[0]["case"], rs[0]["profile"]) for rs in
             (default, middle, toy_now, toy_plain, toy_middle, toy_long)] == [True, False, True, False, False, False]
-    lines = coverage.summary(middle + toy_plain + toy_middle + toy_long + default + toy_now)
+    run_now = records("smear1d-run-2caa46ae9ac0")  # one run of 4 ranks at the defaults (the study adds data sets)
+    assert run_now and coverage.at_defaults("smear1d", run_now[0]["profile"])
+    small = copy.deepcopy(default[:3])  # a smaller profile at the defaults: the larger one is shown
+    for r in small:
+        r["profile"]["id"] = "000000000000"
+    lines = coverage.summary(middle + small + toy_plain + toy_middle + toy_long + default + toy_now + run_now)
     res = [ln for ln in lines if ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |")]
     assert len(res) == 1 and "| 80 % (56–94) |" in res[0]  # 16 of 20 covered: scipy's exact 95 % interval
     assert any(ln.startswith("| toy1d | c | 0e92873fcb71 | 20 | 4 |") for ln in lines)
-    assert not any(pid in ln for ln in lines for pid in ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504"))
-    assert "| proxy1d | all | — | 0 | | | | | | not measured |" in lines
-    assert sum("not measured" in ln for ln in lines) == 4  # proxy1d's ensemble, and every case's one run
+    assert any(ln.startswith(f"| smear1d | tau | 2caa46ae9ac0 | {len(run_now)} | 4 |") for ln in lines)
+    others = ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504", "000000000000")
+    assert not any(pid in ln for ln in lines for pid in others)
+    assert "| proxy1d | all | — | 0 | | | | | | not measured at today's defaults |" in lines
+    assert sum("not measured" in ln for ln in lines) == 3  # proxy1d's ensemble; toy1d's and proxy1d's one run
+    assert not any(coverage.at_defaults("smear1d", dict(r["profile"], events=4000)) for r in default[:1])
+    # a pull that is not finite (sigma 0): the interval counts the 19 finite pulls
+    broken = copy.deepcopy(default)
+    g = broken[0]["gan"]
+    g["members"][0] = g["drift"][0] = g["sampling"][0] = 0.0
+    tau = [ln for ln in coverage.summary(broken) if ln.startswith("| smear1d | tau |")]
+    assert len(tau) == 1 and "; 19 finite)" in tau[0]

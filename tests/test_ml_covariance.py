@@ -1,6 +1,7 @@
-"""The proxy1d ML fit's covariance (benchmarks/loop_closure.ml_covariance, the unit of coverage.py's proxy1d errors)
-against two independent formulas: at the expected counts its Hessian is the multinomial Fisher information
-n * sum_b dm_b dm_b^T / m_b, and the null-space restriction equals the bordered (Lagrange) form of a constrained covariance."""
+"""The proxy1d ML fit's covariance (benchmarks/loop_closure.ml_covariance, the unit of coverage.py's proxy1d
+errors) against two independent formulas: at the expected counts its Hessian is the multinomial Fisher information
+n * sum_b dm_b dm_b^T / m_b, and the null-space restriction equals the bordered (Lagrange) form of a constrained
+covariance."""
 import numpy as np
 import torch
 
