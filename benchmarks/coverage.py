@@ -342,8 +342,8 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
-             f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record without it: the ML "
-             f"fits' rms error over the data sets). A run "
+             f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record "
+             f"without it: the ML fits' rms error over the data sets). A run "
              f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
              f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
              "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",
