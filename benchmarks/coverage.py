@@ -92,6 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set for every run")
     p.add_argument("--events", type=int, default=None, help="events per reference data set (default: the case's "
                    "environment.reference_events)")
+    p.add_argument("--seed-offset", type=int, default=0, help="train with --seed 1000+k+OFFSET on data set k (seed "
+                   "1000+k): the same data with other training noise (default 0: the data's seed)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per training job")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="the page's folder")
     p.add_argument("--commit", action="store_true", help="git commit each replica's JSON as it finishes")
@@ -170,6 +172,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
             "noise_samples": args.noise_samples, "set": list(args.set), "events": args.events}
     if args.workflow != "ensemble":  # (the ensemble profiles' ids stay those of the records made before it existed)
         prof["workflow"] = args.workflow
+    if args.seed_offset:
+        prof["seed_offset"] = args.seed_offset
     if started_apart(args, case):  # the default start from STARTED_APART_FROM on: a profile of its own
         prof["g_start"] = STARTED_APART
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
@@ -194,7 +198,8 @@ def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
     so that a variant never overwrites the preset's records."""
     tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
-        f"-{profile(args, case)['id']}" if (args.set or started_apart(args, case)) and not args.smoke else "")
+        f"-{profile(args, case)['id']}" if (args.set or args.seed_offset or started_apart(args, case))
+        and not args.smoke else "")
     return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
 
@@ -229,7 +234,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
            "sagips.run"] + (["--config", cfg] if cfg else ["--set", f"environment.name={case}"]) + (
            ["--mode", "ensemble", "--ensemble-size", str(args.members)] if args.workflow == "ensemble" else
            ["--mode", "rma-arar-arar", "--set", "comm.inner_size=2"]) + [
-           "--seed", str(seed), "--no-progress", "--output-dir", str(run), "--overwrite",
+           "--seed", str(seed + args.seed_offset), "--no-progress", "--output-dir", str(run), "--overwrite",
            "--set", f"environment.data_file={data}", "--set", "train.threads=1"]
     for s in args.set:
         cmd += ["--set", s]
@@ -243,7 +248,8 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     u, conv = group_uncertainty(g, final=final)
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
-    return {"case": case, "replica": k, "seed": seed, "profile": profile(args, case), "events": events,
+    return {"case": case, "replica": k, "seed": seed, "train_seed": seed + args.seed_offset,
+            "profile": profile(args, case), "events": events,
             "subset_fraction": float(ecfg.subset_fraction),
             "names": [c["name"] for c in conv], "truth": truth.tolist(),
             "gan": {"p_hat": u.p_hat.tolist(), "sigma": u.sigma.tolist(), "members": u.members.tolist(),
@@ -330,6 +336,11 @@ def code_of(rs: list[dict]) -> str:
     return f"code: commit{'s' if len(shas) > 1 else ''} {', '.join(shas)}" + (" and a working tree" if tree else "")
 
 
+def seeds_of(prof: dict) -> str:
+    """A heading's note of training seeds apart from the data's (--seed-offset)."""
+    return f", training seed 1000+k+{prof['seed_offset']}" if prof.get("seed_offset") else ""
+
+
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
     error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
@@ -340,7 +351,7 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     floor = 1.0 / math.sqrt(seen_fraction(fraction, ranks))
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
-             f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''})", "",
+             f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}{seeds_of(prof)})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
              f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record "
              f"without it: the ML fits' rms error over the data sets). A run "
@@ -505,7 +516,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset'}"
-                  f"{', members started apart (the default)' if 'g_start' in prof else ''}, p̂ on {kf} noise "
+                  f"{', members started apart (the default)' if 'g_start' in prof else ''}{seeds_of(prof)}, p̂ on "
+                  f"{kf} noise "
                   f"vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
                   f"{code_of(rs)}.", "",

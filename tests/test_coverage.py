@@ -157,3 +157,15 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     g["members"][0] = g["drift"][0] = g["sampling"][0] = 0.0
     tau = [ln for ln in coverage.summary(broken) if ln.startswith("| smear1d | tau |")]
     assert len(tau) == 1 and "; 19 finite)" in tau[0]
+
+
+def test_a_seed_offset_trains_other_noise_on_the_same_data(tmp_path):
+    """--seed-offset: data set k keeps seed 1000+k, training gets 1000+k+OFFSET; a profile and records of its own."""
+    args = coverage.parse_args(["--case", "smear1d", "--workflow", "run", "--seed-offset", "1000", "--out",
+                                str(tmp_path)])
+    plain = coverage.parse_args(["--case", "smear1d", "--workflow", "run", "--out", str(tmp_path)])
+    prof = coverage.profile(args, "smear1d")
+    assert prof["seed_offset"] == 1000 and prof["id"] != coverage.profile(plain, "smear1d")["id"]
+    assert "seed_offset" not in coverage.profile(plain, "smear1d")  # older profiles keep their ids
+    assert coverage.record_path(tmp_path, args, "smear1d", 2).name == f"smear1d-run-{prof['id']}-002.json"
+    assert "training seed 1000+k+1000" in coverage.seeds_of(prof)
