@@ -7,6 +7,7 @@
     python benchmarks/coverage.py --case smear1d --members 8 --set ensemble.data=split \
         --set environment.subset_fraction=1.0 --frozen-code --commit   # members on disjoint parts, from HEAD's code
     python benchmarks/coverage.py --case toy1d --replicas 1 --set environment.true_params.a=2.5 ...  # another truth
+    python benchmarks/coverage.py --workflow run --case smear1d --replicas 3 --seed-offset 1000   # other training seeds
 
 Any --set is passed to every training run (a profile of its own: CASE-PROFILEID-KKK.json); --set
 environment.true_params.* also makes the data at that truth. --frozen-code runs the study from an export of HEAD
