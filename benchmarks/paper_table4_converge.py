@@ -16,7 +16,8 @@ Part `control` asks one question at a time, with the same seeds (CONTROL): hvd w
 critic then sees the events of one local critic per step), rma-arar-arar with h = 10 and 100 (comm.outer_every),
 with the whole data on every rank (environment.subset_fraction 1.0 against the paper's 0.5), and hvd and
 rma-arar-arar at the paper's learning rates scaled to the epochs (G 1e-5, D 1e-4 over 100,000 epochs, constant:
-x 100,000 / epochs).
+x 100,000 / epochs), and rma-arar-arar with train.split_batch (does a quarter batch per rank help the local critics
+as it helps hvd?).
 
 Records: each finished run leaves docs/benchmarks/paper_table4/converge/COLUMN__sK.json (its final residuals and its
 metrics.jsonl curve); with --commit the script git-commits it as it finishes, and the page after each round. A run
@@ -72,7 +73,8 @@ def control_columns(epochs: int) -> dict[str, tuple[str, list[str]]]:
             "rma-h100": ("rma-arar-arar", ["comm.outer_every=100"]),
             "rma-data1": ("rma-arar-arar", ["environment.subset_fraction=1.0"]),
             "hvd-paper-lr": ("hvd", paper_lr(epochs)),
-            "rma-paper-lr": ("rma-arar-arar", paper_lr(epochs))}
+            "rma-paper-lr": ("rma-arar-arar", paper_lr(epochs)),
+            "rma-split": ("rma-arar-arar", ["train.split_batch=true"])}
 
 
 CONTROL = tuple(control_columns(4000))
@@ -87,6 +89,8 @@ QUESTIONS = (
     ("all the data on every rank, against hvd", "rma-data1", "hvd"),
     ("data fraction 1.0 against 0.5", "rma-data1", "rma-arar-arar"),
     ("the paper's learning rates, scaled: rma-arar-arar against hvd", "rma-paper-lr", "hvd-paper-lr"),
+    ("split_batch in rma-arar-arar (a quarter batch per local critic) against h = 1", "rma-split", "rma-arar-arar"),
+    ("split_batch in both: rma-arar-arar against hvd", "rma-split", "hvd-split"),
 )
 
 

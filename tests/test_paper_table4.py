@@ -94,7 +94,7 @@ def test_converge_smoke_records_resumes_and_writes_the_page(tmp_path):
     again = json.loads((results / "hvd__s1.json").read_text())
     assert again["wall_s"] is None and again["final"] == recs[1]["final"]
     page = (docs / "paper_table4_converge.md").read_text()
-    assert "**Runs finished: 2 of 24 planned**" in page and "| hvd | 2 |" in page and "(calibration) |" in page
+    assert "**Runs finished: 2 of 26 planned**" in page and "| hvd | 2 |" in page and "(calibration) |" in page
     out = json.loads((docs / "paper_table4_converge.json").read_text())["analysis"]
     assert out["fastest"] == "hvd" and out["columns"]["hvd"]["final_per_run"] == [x["final"]["max_abs"] for x in recs]
 
@@ -171,7 +171,7 @@ def test_converge_equal_epochs_and_equal_time_by_hand(tmp_path):
     machine = {"cpu_model": "test CPU", "cores": 2, "torch": "x", "torch_cpu_capability": "AVX2", "vector_flags": []}
     written = cv.page(an, cal, recs, "converge", cv.PROFILES["converge"], tmp_path, machine)
     text = written[0].read_text()
-    assert "**Runs finished: 12 of 60 planned**" in text and "provisional" in text
+    assert "**Runs finished: 12 of 65 planned**" in text and "provisional" in text
     assert "| rma-arar-arar | 3 | 0.0300 ± 0.0058 | **hvd** closer, 2.50x" in text
     assert "| split_batch in hvd (hvd-split against hvd) | no significant difference" in text
 
