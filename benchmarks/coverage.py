@@ -300,9 +300,9 @@ def stats_of(recs: list[dict]) -> list[dict]:
                # an honest sigma from M members has (Student's t with M - 1 degrees of freedom: std 1.73 at M = 4)
                "pull_width68": float(np.diff(np.nanpercentile(pull, [15.87, 84.13]))[0] / 2) if len(recs) > 1
                else None,
-               "cover1": float(np.mean(np.abs(pull[np.isfinite(pull)]) <= 1)),
+               "cover1": float(np.mean(np.abs(pull[fin]) <= 1)),
                "covered1": int(np.sum(np.abs(pull[fin]) <= 1)), "finite": int(fin.sum()),
-               "cover2": float(np.mean(np.abs(pull[np.isfinite(pull)]) <= 2)),
+               "cover2": float(np.mean(np.abs(pull[fin]) <= 2)),
                "moving": int(sum(bool(r["moving"][i]) for r in recs)), "ratio": None, "ml_pull_width": None,
                "gan_err_rms": float(np.sqrt(np.mean((p - t) ** 2))), "ml_err_rms": None}
         mls = [r["ml"] for r in recs]
@@ -345,11 +345,8 @@ def seeds_of(prof: dict) -> str:
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
     error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
-    from sagips.analysis.stats import seen_fraction
-
     ranks = int(prof["members"])
-    fraction = rs[0].get("subset_fraction", 0.5)  # (records from before it was recorded: the default 0.5)
-    floor = 1.0 / math.sqrt(seen_fraction(fraction, ranks))
+    fraction, floor = run_floor(prof, rs)
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}{seeds_of(prof)})", "",
@@ -366,12 +363,18 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def run_floor(prof: dict, rs: list[dict]) -> tuple[float, float]:
+    """A workflow-run profile's data fraction per rank and its floor sigma_ML / sqrt(seen), in units of sigma_ML."""
+    from sagips.analysis.stats import seen_fraction
+
+    fraction = rs[0].get("subset_fraction", 0.5)  # (records from before it was recorded: the default 0.5)
+    return fraction, 1.0 / math.sqrt(seen_fraction(fraction, int(prof["members"])))
+
+
 def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
     """Per parameter of a workflow-run profile: the rms error of the GAN and of the ML fit, the largest GAN error
     and the rms GAN - ML distance, in units of the ML sigma; and the verdict against the run's floor."""
-    from sagips.analysis.stats import seen_fraction
-
-    floor = 1.0 / math.sqrt(seen_fraction(rs[0].get("subset_fraction", 0.5), int(prof["members"])))
+    floor = run_floor(prof, rs)[1]
     rows = []
     for i, name in enumerate(rs[0]["names"]):
         t = np.array([r["truth"][i] for r in rs])
@@ -426,15 +429,15 @@ def calibration_verdict(row: dict) -> str:
 
 #: per case, the --set settings that only restate a default of today's code (a profile with them, or with none of
 #: its own, ran the shipped defaults; tests/test_coverage.py checks each against the library)
-SAME_AS_DEFAULT = {"smear1d": ("environment.g_start=0.8",),
-                   "toy1d": ("environment.g_start=0.8", "environment.precondition=fisher")}
+SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}",),
+                   "toy1d": (f"environment.g_start={STARTED_APART}", "environment.precondition=fisher")}
 
 
 def at_defaults(case: str, prof: dict) -> bool:
     """Whether a profile ran what a user gets today: no setting apart from restated defaults (nor another data size
-    or noise batch of the study), the members started
-    apart (a ParametricEnvironment: by the default, which implies code from after the preconditioner became the
-    default, or by --set) and, for toy1d, the Fisher preconditioner (by --set, or by that same code)."""
+    or noise batch of the study), the members started apart (a ParametricEnvironment: by the default, which implies
+    code from after the preconditioner became the default, or by --set) and, for toy1d, the Fisher preconditioner
+    (by --set, or by that same code)."""
     if any(s not in SAME_AS_DEFAULT.get(case, ()) for s in prof["set"]):
         return False
     d = parse_args([])  # the study's own defaults: the data's size, and p^ on the final noise batch
@@ -461,6 +464,7 @@ def summary(recs: list[dict]) -> list[str]:
     for (case, wf, _), rs in by.items():
         if at_defaults(case, rs[0]["profile"]) and len(rs) > len(best.get((case, wf), [])):
             best[case, wf] = rs
+
     def ensemble_cells(rs):
         for row in stats_of(rs):
             ratio = row["gan_err_rms"] / row["ml_err_rms"] if row["ml_err_rms"] else float("nan")
@@ -517,9 +521,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset'}"
-                  f"{', members started apart (the default)' if 'g_start' in prof else ''}{seeds_of(prof)}, p̂ on "
-                  f"{kf} noise "
-                  f"vectors){label}", "",
+                  f"{', members started apart (the default)' if 'g_start' in prof else ''}{seeds_of(prof)}, "
+                  f"p̂ on {kf} noise vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
                   f"{code_of(rs)}.", "",
                   "| parameter | K | pull mean | pull width (std) | central 68 % half-width | ±1σ | ±2σ | ±k68σ | "

@@ -68,6 +68,11 @@ def _nll(p: torch.Tensor, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     return -(counts * torch.log((cdf[0, :, 1:] - cdf[0, :, :-1]).clamp_min(1e-300))).sum()
 
 
+def _norms(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The theory's two norms at parameters p (6,): what the fit holds at the reference's."""
+    return theory.norms_and_cdf(p[None], x)[0][0]
+
+
 def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
     """Maximum-likelihood parameters for events (N, 2) with the reference norms as constraints."""
     from scipy import optimize
@@ -84,7 +89,7 @@ def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.
 
     def cons(p_np):
         p = torch.tensor(p_np, dtype=torch.float64)
-        return (theory.norms_and_cdf(p[None], x)[0][0] - ref).numpy()
+        return (_norms(p, x) - ref).numpy()
 
     bounds = list(zip(np.array(cfg.param_min) + 1e-3, np.array(cfg.param_max) - 1e-3))
     res = optimize.minimize(nll, start, jac=True, method="SLSQP", bounds=bounds,
@@ -104,7 +109,7 @@ def _covariance(x: torch.Tensor, counts: torch.Tensor, p: np.ndarray) -> np.ndar
 
     p = torch.as_tensor(p, dtype=torch.float64)
     h = torch.autograd.functional.hessian(lambda q: _nll(q, x, counts), p).numpy()
-    c = torch.autograd.functional.jacobian(lambda q: theory.norms_and_cdf(q[None], x)[0][0], p).numpy()
+    c = torch.autograd.functional.jacobian(lambda q: _norms(q, x), p).numpy()
     z = null_space(c)
     return z @ np.linalg.inv(z.T @ h @ z) @ z.T
 
