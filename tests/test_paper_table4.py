@@ -202,3 +202,25 @@ def test_git_commit_only_its_paths_and_waits_for_the_index_lock(tmp_path):
     assert show.split() == ["a", "record", "mine.json"]
     assert "other.txt" in subprocess.run([*git, "diff", "--cached", "--name-only"], capture_output=True,
                                          text=True).stdout
+
+
+def test_converge_says_whose_generator_each_curve_scores(tmp_path):
+    """rma-arar-arar's metrics.jsonl scores rank 0's generator alone: the page names those columns and how far the
+    curve's last point lies from the all-rank final figure; the other columns' curves are the final's estimator."""
+    recs, cal = _study()
+    for r in recs:
+        r["ranks"], r["curve"]["quality_ranks"] = 4, (1 if r["column"] == "rma-arar-arar" else 4)
+    recs.append({**_record("ensemble", 0, 0.01, [1.0, 0.1, 0.01], [0, 10, 20]), "ranks": 4, "members": 4})
+    recs[-1]["curve"]["quality_ranks"] = 1
+    an = cv.analyse(recs, cal)
+    col = an["columns"]
+    assert [col[c]["curve_of"] for c in ("hvd", "rma-arar-arar", "ensemble")] == ["all ranks", "rank 0",
+                                                                                  "the members' mean"]
+    # this study's rma curves end at the final figure (ratio 1); make run 0's end at 3x its final
+    recs[2]["curve"]["max_abs"][-1] = 3 * recs[2]["final"]["max_abs"]
+    an = cv.analyse(recs, cal)
+    assert an["columns"]["rma-arar-arar"]["curve_end_over_final"][0] == pytest.approx(5 / 3)
+    assert an["columns"]["hvd"]["curve_end_over_final"] == pytest.approx((1.0, 0.0))
+    machine = {"cpu_model": "test CPU", "cores": 2, "torch": "x", "torch_cpu_capability": "AVX2", "vector_flags": []}
+    text = cv.page(an, cal, recs, "converge", cv.PROFILES["converge"], tmp_path, machine)[0].read_text()
+    assert "in rma-arar-arar those are **rank 0's generator alone**" in text and "rma-arar-arar 1.67 ± 0.67x" in text
