@@ -342,7 +342,9 @@ def main() -> int:
     rng = random.Random(args.seed)
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": f"{platform.node()}, {os.cpu_count()} cores, load average at start "
+    from benchmarks.loop_closure import describe_machine, machine
+
+    meta = {"machine": f"{describe_machine(machine())}; load average at start "
                        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}, {platform.platform()}",
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "mpiexec": " ".join(" ".join(subprocess.run([mpiexec(), "--version"], capture_output=True, text=True,

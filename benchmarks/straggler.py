@@ -56,8 +56,12 @@ def main() -> int:
         print(f"{mode}: relative epoch rate per rank {['%.2f' % r for r in rel]} (rank 1 is slowed)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.loop_closure import describe_machine, machine
+
+    mach = machine()
     (out / "straggler.json").write_text(json.dumps({"epochs": args.epochs, "outer_every": args.outer_every,
-                                                    "results": results}, indent=1))
+                                                    "machine": mach, "results": results}, indent=1))
     rows = "\n".join(
         f"| {r['mode']} | {r['base']['epoch_s'][1] * 1e3:.0f} | {r['slow']['epoch_s'][1] * 1e3:.0f} | "
         + " | ".join(f"{x:.2f}" for i, x in enumerate(r["relative_rate"]) if i != 1) + " |" for r in results)
@@ -66,6 +70,8 @@ def main() -> int:
 Command: `python benchmarks/straggler.py --epochs {args.epochs}` (4 ranks as 2 groups of 2, {args.epochs} epochs of
 the quick preset per run, outer ring every {args.outer_every} epochs). Epoch rate of each other rank with the delay,
 relative to the same rank without it (1.00 = not slowed at all). Rank 0 shares rank 1's inner group.
+
+Machine: {describe_machine(mach)}; load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}.
 
 | mode | rank 1 epoch without delay [ms] | rank 1 epoch with delay [ms] | rank 0 | rank 2 | rank 3 |
 |---|---|---|---|---|---|
