@@ -292,7 +292,8 @@ def curve_of(rec: dict) -> str:
     generator alone, so that a log epoch never waits for other ranks: `quality_of` in metrics.jsonl)."""
     if rec.get("members", 1) > 1:
         return "the members' mean"
-    return "all ranks" if rec["curve"].get("quality_ranks") == rec.get("ranks") else "rank 0"
+    q = rec["curve"].get("quality_ranks")
+    return "not recorded" if q is None else "all ranks" if q == rec.get("ranks") else "rank 0"
 
 
 def analyse(records: list[dict], calibration: dict | None, level: float = LEVEL) -> dict:
@@ -331,7 +332,8 @@ def analyse(records: list[dict], calibration: dict | None, level: float = LEVEL)
         x["curve"] = {"epoch": rs[0]["curve"]["epoch"][:n], "mean": m.mean(axis=0).tolist(),
                       "se": (m.std(axis=0, ddof=1) / math.sqrt(len(rs))).tolist() if len(rs) > 1 else None}
         x["curve_of"] = curve_of(rs[0])
-        x["curve_end_over_final"] = mean_se(r["curve"]["max_abs"][-1] / max(r["final"]["max_abs"], 1e-12) for r in rs)
+        ratios = [r["curve"]["max_abs"][-1] / max(r["final"]["max_abs"], 1e-12) for r in rs]
+        x["curve_end_over_final"], x["curve_end_over_final_range"] = mean_se(ratios), (min(ratios), max(ratios))
 
     def both(a: str, b: str) -> dict:
         return {"equal_epochs": compare(cols[a]["final"], cols[b]["final"]),
@@ -466,11 +468,15 @@ def page(an: dict, calibration: dict | None, records: list[dict], prof_name: str
                   "averaged, as a user's prediction; the equal-time and stay-below columns read the metrics.jsonl "
                   "curves, and in " + ", ".join(rank0) + " those are **rank 0's generator alone** (rma-arar-arar "
                   "logs without waiting for other ranks: `quality_of` in metrics.jsonl). The curve's last point "
-                  "against the last-epoch figure, mean ratio over the runs: "
-                  + ", ".join(f"{c} {_pm(x['curve_end_over_final'], 2)}x" for c, x in rank0.items())
-                  + ". Where that ratio is well above 1 (ranks that meet only every h epochs spread apart, and "
-                  "their mean is closer than any one of them), the equal-time figure overstates the column's error "
-                  "by about as much; where it is near 1 the two agree."]
+                  "over the last-epoch figure, mean ratio over the runs (single runs' range): "
+                  + ", ".join(f"{c} {_pm(x['curve_end_over_final'], 2)}x "
+                              f"({x['curve_end_over_final_range'][0]:.2f}-{x['curve_end_over_final_range'][1]:.2f})"
+                              for c, x in rank0.items())
+                  + ". Where the mean ratio is well above 1 (ranks that meet only every h epochs spread apart, and "
+                  "their mean can be much closer than rank 0's generator), the equal-time figure likely overstates "
+                  "the column's error (measured at the last epoch only); where it is near 1 the two agree on "
+                  "average, not run by run."]
+        L += ["", "Per run (seed order), max|r̂| at the last epoch:", ""]
         L += [f"- {c}: " + ", ".join(f"{v:.4f}" for v in x["final_per_run"]) for c, x in cols.items()]
         L += ["", "![max|r̂| against epochs and calibrated time](paper_table4_converge.png)", "",
               "Fig. 13 analogue: the mean over runs of max|r̂| (± SE, shaded) against epochs (left) and against the "

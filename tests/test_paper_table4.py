@@ -223,4 +223,6 @@ def test_converge_says_whose_generator_each_curve_scores(tmp_path):
     assert an["columns"]["hvd"]["curve_end_over_final"] == pytest.approx((1.0, 0.0))
     machine = {"cpu_model": "test CPU", "cores": 2, "torch": "x", "torch_cpu_capability": "AVX2", "vector_flags": []}
     text = cv.page(an, cal, recs, "converge", cv.PROFILES["converge"], tmp_path, machine)[0].read_text()
-    assert "in rma-arar-arar those are **rank 0's generator alone**" in text and "rma-arar-arar 1.67 ± 0.67x" in text
+    assert "in rma-arar-arar those are **rank 0's generator alone**" in text
+    assert "rma-arar-arar 1.67 ± 0.67x (1.00-3.00)" in text
+    assert "not run by run.\n\nPer run (seed order), max|r̂| at the last epoch:\n\n- hvd: " in text
