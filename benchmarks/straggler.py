@@ -45,6 +45,10 @@ def main() -> int:
     ap.add_argument("--outer-every", type=int, default=1000000)
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.loop_closure import describe_machine, machine
+
+    mach = machine()  # before the runs: an import error then costs nothing
     results = []
     for mode in ("arar-arar", "rma-arar-arar"):
         base = run(mode, ROOT / "runs" / f"straggler-{mode}-base", args.epochs, args.outer_every)
@@ -56,10 +60,6 @@ def main() -> int:
         print(f"{mode}: relative epoch rate per rank {['%.2f' % r for r in rel]} (rank 1 is slowed)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.loop_closure import describe_machine, machine
-
-    mach = machine()
     (out / "straggler.json").write_text(json.dumps({"epochs": args.epochs, "outer_every": args.outer_every,
                                                     "machine": mach, "results": results}, indent=1))
     rows = "\n".join(
