@@ -12,9 +12,10 @@
         --output-dir runs/rma
     python -m sagips.analyze runs/arar/s* runs/rma --out reports/cmp      # one column (group) per mode
 
-Outputs in --out: summary.md and summary.csv (Table IV: residuals +- 1 sigma in units of 1e-3 per parameter at the
-last common checkpoint, one column per group), summary.json (every number in the figures), residuals_vs_time.png,
-convergence.png, rmse_vs_spread.png, and analysis_rate.png when the runs cover several world sizes.
+Outputs in --out: summary.md (first p^ +- sigma per parameter by name with sigma's parts and the convergence
+diagnostic, then Table IV), summary.csv (Table IV: residuals +- 1 sigma in units of 1e-3 per parameter at the last
+common checkpoint, one column per group), summary.json (every number in the figures), residuals_vs_time.png,
+convergence.png, rmse_vs_spread.png, uncertainty.png, and analysis_rate.png when the runs cover several world sizes.
 See docs/analysis.md for how to read them. Exit status 2 means bad input, with a one-line message; -v prints
 progress on stderr.
 """

@@ -267,7 +267,8 @@ def from_dict(cls: type, data: dict | None, prefix: str = "") -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields), key=str)  # YAML keys may be ints, null, ...
     if unknown:
-        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}' (known keys in "
+        hint = getattr(cls, "unknown_key_hints", {}).get(unknown[0])  # a section may say where a key really lives
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'{f': {hint}' if hint else ''} (known keys in "
                           f"'{prefix.rstrip('.') or 'top level'}': {', '.join(sorted(fields))})")
     kwargs = {}
     for name, f in fields.items():

@@ -51,6 +51,12 @@ from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 class ParametricConfig:
     """`environment:` section of a ParametricEnvironment (each subclass gets its own copy with its names and truth)."""
 
+    #: keys a user may try that live elsewhere (config.from_dict names the place in its error)
+    unknown_key_hints: ClassVar[dict[str, str]] = {
+        "event_width": "event_width is a class attribute of the environment (beside `parameters`), not a config key",
+        "n_uniforms": "n_uniforms is a class attribute of the environment (beside `parameters`), not a config key",
+        "grid_points": "a simulator has no grid (grid_points is a setting of a `density`)"}
+
     name: str = opt("", "registered environment name")
     true_params: Any = opt({}, "the truth used to make reference data: a mapping name -> value (unnamed parameters "
                            "keep the environment's default) or a list in the parameters' order")
@@ -156,10 +162,11 @@ class ParametricEnvironment(Environment):
     datasets: ClassVar[dict[str, int]] = {"events": 1}
     #: training settings that converge in minutes for a few parameters (beneath any preset; `config_defaults` of
     #: sagips.Environment): large learning rates that decay to 10%, Adam beta2 0.99, frequent logs, and the
-    #: generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last steps' swings)
+    #: generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last steps' swings),
+    #: and a checkpoint every tenth of the epochs (the convergence diagnostic's last 20 % holds 3 of them)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "train": {"epochs": 2000, "lr_g": 1e-3, "lr_d": 1e-3, "lr_final": 0.1, "beta2": 0.99, "ema": 0.995,
-                  "log_every": 50, "checkpoint_every": 250, "state_every": 250},
+                  "log_every": 50, "checkpoint_every": 200, "state_every": 250},
         "comm": {"outer_every": 1},
     }
 
@@ -181,6 +188,10 @@ class ParametricEnvironment(Environment):
         if has_density == has_simulate:
             raise TypeError(f"{where}: define exactly one of density(self, p, x) and simulate(self, p, u)")
         cls.pipeline_method = "density" if has_density else "simulate"
+        for attr in ("event_width", "n_uniforms"):
+            v = getattr(cls, attr, None)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise TypeError(f"{where}.{attr}: expected a positive integer (a class attribute), got {v!r}")
         if has_density:
             cls.event_width = 1
         cls.clips_events = has_simulate and any("support" in c.__dict__ for c in cls.__mro__[:-1]
@@ -252,7 +263,11 @@ class ParametricEnvironment(Environment):
             return f"a {type(ev).__name__} (return a torch tensor)"
         got = tuple(ev.shape)
         if ev.numel() == math.prod(want):
-            return f"{got}: the right number of values, reshape them with .reshape({', '.join(map(str, want))})"
+            return (f"{got}: the right number of values, return them as .reshape(u.shape[0], u.shape[1], "
+                    f"{self.event_width})")
+        if ev.ndim == 3 and got[:2] == want[:2] and got[2] == 0:
+            return (f"{got}: no columns per event; does simulate read more uniforms from u than n_uniforms = "
+                    f"{self.n_uniforms}? (set the class attribute n_uniforms)")
         if ev.ndim == 3 and got[:2] == want[:2]:
             return (f"{got}: {got[2]} columns per event, but event_width = {self.event_width} (set the class "
                     f"attribute event_width = {got[2]})")

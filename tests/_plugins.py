@@ -25,15 +25,30 @@ def write_dist(site: Path, dist: str, entries: dict[str, str]) -> Path:
     return info
 
 
+def declared_entry_points(src: Path) -> dict[str, str]:
+    """The `sagips.environments` entry points that an example's pyproject.toml declares (what pip would register),
+    so that a typo there fails the tests that use the example."""
+    lines = (Path(src) / "pyproject.toml").read_text().splitlines()
+    start = lines.index('[project.entry-points."sagips.environments"]') + 1
+    out = {}
+    for line in lines[start:]:
+        if line.startswith("["):
+            break
+        if "=" in line and not line.lstrip().startswith("#"):
+            k, v = (s.strip() for s in line.split("=", 1))
+            out[k] = v.strip('"')
+    return out
+
+
 def toy_site(site: Path) -> list[str]:
     """Register the example package examples/toy1d (entry point toy1d); returns the paths to put on sys.path."""
-    write_dist(site, "sagips-toy1d", {"toy1d": "sagips_toy1d:Toy1D"})
+    write_dist(site, "sagips-toy1d", declared_entry_points(TOY_SRC))
     return [str(site), str(TOY_SRC)]
 
 
 def smear_site(site: Path) -> list[str]:
     """Register the simulator example examples/smear1d (entry point smear1d) the same way."""
-    write_dist(site, "sagips-smear1d", {"smear1d": "sagips_smear1d:Smear1D"})
+    write_dist(site, "sagips-smear1d", declared_entry_points(SMEAR_SRC))
     return [str(site), str(SMEAR_SRC)]
 
 

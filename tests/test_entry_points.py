@@ -112,6 +112,12 @@ def test_class_definition_mistakes():
 
             def density(self, p, x):
                 return p + x
+    for attr, bad in (("event_width", 0), ("n_uniforms", 1.5), ("event_width", True)):
+        with pytest.raises(TypeError, match=rf"BadWidth\.{attr}: expected a positive integer \(a class attribute\), "
+                                            rf"got {bad!r}$"):
+            type("BadWidth", (ParametricEnvironment,), {"name": "w", "parameters": {"a": (0.0, 1.0)},
+                                                         "true_params": {"a": 0.5}, attr: bad,
+                                                         "simulate": lambda self, p, u: u})
 
 
 def test_toy_package_is_at_most_30_lines():

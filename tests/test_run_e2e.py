@@ -133,7 +133,7 @@ def test_rma_run_records_startup_precision_and_ensemble_quality(tmp_path):
     out = tmp_path / "rma"
     r = run_mpi(4, QUICK + ["--mode", "rma-arar-arar", "--epochs", "3", "--output-dir", str(out),
                             "--set", "comm.inner_size=2", "--set", "comm.outer_every=2", "--set", "train.amp=auto",
-                            "--set", f"environment.true_params={truth}"], timeout=240)
+                            "--set", "train.log_every=1", "--set", f"environment.true_params={truth}"], timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((out / "run.json").read_text())
     assert info["truth"] == truth
@@ -157,3 +157,7 @@ def test_rma_run_records_startup_precision_and_ensemble_quality(tmp_path):
     ps = np.array(q["params"])
     r_hat = (np.array(truth) - ps) / np.array(truth)
     assert np.allclose(r_hat, q["residuals"]) and abs(np.abs(r_hat).max() - q["max_abs_residual"]) < 1e-9
+    # the logged curve is rank 0's generator alone (rma-arar-arar never waits for the others), and says so
+    m = read_metrics(out / "metrics.jsonl")
+    assert [rec["epoch"] for rec in m] == [1, 2, 3]
+    assert all(rec["quality_of"] == "rank 0" and rec["quality_ranks"] == 1 for rec in m)

@@ -100,8 +100,15 @@ class Listy(Flat):
         return [0.0]
 
 
+class Uniforms3(Flat):
+    def simulate(self, p, u):
+        return p[:, None, :1] * u[..., 2:3]  # reads a third uniform, but n_uniforms = 2: (B, E, 0)
+
+
 @pytest.mark.parametrize("cls, tail", [
-    (Flat, r"got \(6,\): the right number of values, reshape them with \.reshape\(2, 3, 1\)$"),
+    (Flat, r"got \(6,\): the right number of values, return them as \.reshape\(u\.shape\[0\], u\.shape\[1\], 1\)$"),
+    (Uniforms3, r"got \(2, 3, 0\): no columns per event; does simulate read more uniforms from u than n_uniforms = 2\? "
+                r"\(set the class attribute n_uniforms\)$"),
     (Wide2, r"got \(2, 3, 2\): 2 columns per event, but event_width = 1 \(set the class attribute event_width = 2\)$"),
     (Listy, r"got a list \(return a torch tensor\)$"),
 ])
@@ -150,3 +157,16 @@ def test_g_start_spreads_the_starting_points_inside_the_box(smear):
     assert min(abs(x - y).max() for i, x in enumerate(u) for y in u[i + 1:]) > 0.01  # every seed its own start
     assert max(abs(x - 0.5).max() for x in u) > 0.2
     assert (start(3, 0.8)[0] == starts[3]).all()  # the seed decides
+
+
+@pytest.mark.parametrize("key, hint", [
+    ("event_width", "event_width is a class attribute of the environment (beside `parameters`), not a config key"),
+    ("n_uniforms", "n_uniforms is a class attribute of the environment (beside `parameters`), not a config key"),
+    ("grid_points", "a simulator has no grid (grid_points is a setting of a `density`)"),
+])
+def test_keys_that_live_elsewhere_say_where(key, hint):
+    with pytest.raises(ConfigError) as e:
+        build(Flat, **{key: 2})
+    msg = str(e.value)
+    assert msg.startswith(f"unknown config key 'environment.{key}': {hint} (known keys in 'environment': ")
+    assert "\n" not in msg

@@ -94,6 +94,9 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     np.testing.assert_allclose(u["drift"], drift, rtol=1e-3, atol=2e-6)
     np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + in_sigma ** 2), rtol=1e-3, atol=2e-6)
     assert u["drift_added"] == list(added)
+    conv = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["convergence"]
+    assert [c["moving"] for c in conv] == list(added)  # moved beyond the members' spread: still moving
+    assert conv[2]["message"].endswith("train longer, or raise environment.events_per_sample")
     assert u["ranks"] == [None] * 6  # one rank per run: no spread inside a run
     assert u["sampling"] == pytest.approx([0.0] * 6, abs=1e-7)  # every noise vector gives the same prediction
     from scipy import stats as st
@@ -112,14 +115,20 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
 
 def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
     offsets = np.array([[0.01] * 6, [-0.01] * 6]) * np.abs(truth)
-    write_run(tmp_path / "arar", "arar", series(truth, offsets))
+    slope = np.zeros(6)
+    slope[1] = 2e-4  # moves 0.04 over the last 20 %, far beyond the ranks' spread: not judged against a lower bound
+    write_run(tmp_path / "arar", "arar", series(truth, offsets, slope))
     assert main([str(tmp_path / "arar"), "--out", str(tmp_path / "rep"), "--noise-samples", "4",
                  "--resamples", "2", "--final-noise-samples", "4"]) == 0
     u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
     ranks = np.abs(offsets[0] - offsets[1]) / math.sqrt(2)  # the sample std of two values
     assert u["n_members"] == 1 and u["spread_from"] == "ranks" and "lower bound" in u["notes"][0]
     np.testing.assert_allclose(u["ranks"], ranks, rtol=1e-3)
-    np.testing.assert_allclose(u["sigma"], ranks / math.sqrt(2), rtol=1e-3, atol=1e-6)
+    drift = np.where(np.arange(6) == 1, 2e-4 * 200, 0.0)  # a lower-bound spread: the drift is always in sigma
+    np.testing.assert_allclose(u["sigma"], np.sqrt((ranks / math.sqrt(2)) ** 2 + drift ** 2), rtol=1e-3, atol=2e-6)
+    conv = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["convergence"]
+    assert [c["moving"] for c in conv] == [False, None, False, False, False, False]  # as at the end of sagips.run
+    assert "lower bound" in conv[1]["message"] and "--ensemble-size" in conv[1]["message"]
 
 
 def test_factor_for_independent_data_sets_and_whole_data():

@@ -474,7 +474,7 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
-    return u, stats.convergence(names, g.epochs, series, u.spread, fraction)
+    return u, stats.convergence(names, g.epochs, series, u.spread, fraction, lower_bound=u.spread_from == "ranks")
 
 
 def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,
@@ -507,17 +507,6 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = (f"σ: the spread of the {len(ranks)} ranks' generators, training noise only; several members give "
                 f"the full σ (sagips.analyze)")
         # That spread is a lower bound of σ (ranks that exchange gradients agree more than independent fits would):
-        # a parameter that moved less than it has converged, but one that moved more may still be inside the
-        # statistical error, so "still moving" is not a verdict this run can give (seen: make run at max|r| 0.008,
-        # near the data's ML floor, told to train longer at 3-11 times the ranks' spread).
-        conv = stats.convergence(names, epochs, series, u.spread)
-        for c in conv:
-            if c["moving"]:
-                last = float(series[-1, names.index(c["name"])])
-                rel = f" ({100 * abs(c['moved'] / last):.2g} % of its value)" if last else ""
-                c["moving"] = None
-                c["message"] = (f"{c['name']} moved {c['moved']:+.3g}{rel} over the last epochs ({c['window'][0]}-"
-                                f"{c['window'][1]}), {c['z']:.1f}x the ranks' spread, which is only a lower bound of "
-                                f"σ here: to judge it, train several members (--ensemble-size) and run sagips.analyze")
-        return conv, what
+        # a parameter that moved less than it has converged, one that moved more is not judged (stats.convergence).
+        return stats.convergence(names, epochs, series, u.spread, lower_bound=True), what
     return stats.convergence(names, epochs, series, u.spread), what

@@ -149,7 +149,7 @@ def confidence_ellipse(x: np.ndarray, y: np.ndarray, level: float = 0.95) -> dic
 DRIFT_FRACTION = 0.2
 #: a parameter that moved more than this many sigma over the last DRIFT_FRACTION of the epochs is "still moving"
 DRIFT_THRESHOLD = 1.0
-#: what the diagnostic tells a user whose parameter still moves (an environment may name its own knobs)
+#: what the diagnostic tells a user whose parameter still moves
 DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
 
 
@@ -477,9 +477,11 @@ def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
 
 def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
                 fraction: float = DRIFT_FRACTION, threshold: float = DRIFT_THRESHOLD,
-                advice: str = DRIFT_ADVICE) -> list[dict[str, Any]]:
+                advice: str = DRIFT_ADVICE, lower_bound: bool = False) -> list[dict[str, Any]]:
     """Per parameter: did it still move over the last `fraction` of the epochs, against `sigma` (P,), the spread
     between members (the spread part of the quotable sigma)? `series` (T, P) is the ensemble's p^ at `epochs`.
+    `lower_bound`: sigma is only the spread of ranks that exchange gradients (no independent members), a lower
+    bound of the error: a parameter that moved less than it has converged, one that moved more is not judged.
 
     One dict per parameter: name, moved (physical units), sigma, z = |moved|/sigma (None without a spread),
     moving (bool, or None when it cannot be judged), window [first, last epoch], message (one line, what to do).
@@ -504,6 +506,12 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             moving = z > threshold
             msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}): {advice}" if moving else
                    f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1})")
+            if moving and lower_bound:  # seen: make run near the data's ML floor, told to train longer at 3-11x
+                rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
+                moving = None
+                msg = (f"{name} moved {mv:+.3g}{rel} over the last {pct} of epochs ({e0}-{e1}), {z:.1f}x the ranks' "
+                       f"spread, which is only a lower bound of σ here: to judge it, train several members "
+                       f"(--ensemble-size) and run sagips.analyze")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
     return out
