@@ -267,7 +267,8 @@ def _configure(r: _Run) -> None:
     # ensemble members: independent runs in sub-communicators of the world
     r.members = members = cfg.ensemble.members
     if world.size % members:
-        raise ConfigError(f"ensemble.members={members} does not divide the number of ranks ({world.size})")
+        raise ConfigError(f"ensemble.members={members} (--ensemble-size) does not divide the number of ranks "
+                          f"({world.size}): launch a multiple of {members} ranks, or choose a divisor of {world.size}")
     r.member = member = world.rank // (world.size // members)
     r.comm = comm = world.Split(color=member, key=world.rank) if members > 1 else world.Dup()
     r.out_dir = out_dir = os.path.join(cfg.output_dir, f"member{member:03d}") if members > 1 else cfg.output_dir

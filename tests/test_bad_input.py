@@ -86,7 +86,8 @@ CASES = [
     ("resume and overwrite", ["--resume", "--overwrite"], lambda t, o: forged_run(o), ["exclude each other"]),
     ("output dir holds another run", [], lambda t, o: forged_run(o),
      ["already holds a run", "--resume", "--overwrite"]),
-    ("ensemble size does not divide", ["--ensemble-size", "2"], None, ["ensemble.members=2", "does not divide"]),
+    ("ensemble size does not divide", ["--ensemble-size", "2"], None,
+     ["ensemble.members=2 (--ensemble-size) does not divide", "launch a multiple of 2 ranks"]),
     ("delayed rank does not exist", ["--set", "pipeline.delay_ranks=[3]"], None, ["pipeline.delay_ranks", "rank 3"]),
 ]
 
