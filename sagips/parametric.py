@@ -53,7 +53,8 @@ class ParametricConfig:
 
     #: keys a user may try that live elsewhere (config.from_dict names the place in its error)
     unknown_key_hints: ClassVar[dict[str, str]] = {
-        "event_width": "event_width is a class attribute of the environment (beside `parameters`), not a config key",
+        "event_width": "event_width is a class attribute of a simulator environment (beside `parameters`), not a "
+                       "config key",
         "n_uniforms": "n_uniforms is a class attribute of the environment (beside `parameters`), not a config key",
         "grid_points": "a simulator has no grid (grid_points is a setting of a `density`)"}
 
@@ -267,7 +268,7 @@ class ParametricEnvironment(Environment):
                     f"{self.event_width})")
         if ev.ndim == 3 and got[:2] == want[:2] and got[2] == 0:
             return (f"{got}: no columns per event; does simulate read more uniforms from u than n_uniforms = "
-                    f"{self.n_uniforms}? (set the class attribute n_uniforms)")
+                    f"{self.n_uniforms or self.event_width}? (set the class attribute n_uniforms)")
         if ev.ndim == 3 and got[:2] == want[:2]:
             return (f"{got}: {got[2]} columns per event, but event_width = {self.event_width} (set the class "
                     f"attribute event_width = {got[2]})")

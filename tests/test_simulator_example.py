@@ -105,18 +105,31 @@ class Uniforms3(Flat):
         return p[:, None, :1] * u[..., 2:3]  # reads a third uniform, but n_uniforms = 2: (B, E, 0)
 
 
+class Uniforms2(ParametricEnvironment):
+    """n_uniforms left unset (it defaults to event_width = 1) while simulate reads a second uniform."""
+    name = "unset_uniforms"
+    parameters = {"m": (0.5, 2.0)}
+    true_params = {"m": 1.0}
+
+    def simulate(self, p, u):
+        return p[:, None, :1] + u[..., 1:2]
+
+
 @pytest.mark.parametrize("cls, tail", [
     (Flat, r"got \(6,\): the right number of values, return them as \.reshape\(u\.shape\[0\], u\.shape\[1\], 1\)$"),
     (Uniforms3, r"got \(2, 3, 0\): no columns per event; does simulate read more uniforms from u than n_uniforms = 2\? "
                 r"\(set the class attribute n_uniforms\)$"),
     (Wide2, r"got \(2, 3, 2\): 2 columns per event, but event_width = 1 \(set the class attribute event_width = 2\)$"),
     (Listy, r"got a list \(return a torch tensor\)$"),
+    (Uniforms2, r"got \(2, 3, 0\): no columns per event; does simulate read more uniforms from u than n_uniforms = 1\? "
+                r"\(set the class attribute n_uniforms\)$"),
 ])
 def test_shape_errors_name_the_expected_and_the_got_shape(cls, tail):
     env, _ = build(cls)
+    n = cls.n_uniforms or cls.event_width
     with pytest.raises(EnvironmentCheckError, match=r"^simulate: expected events of shape \(B, E, event_width\) = "
-                                                   r"\(2, 3, 1\) for p \(2, 1\) and u \(2, 3, 2\), " + tail) as e:
-        env._events(torch.ones(2, 1), torch.rand(2, 3, 2))
+                                                   rf"\(2, 3, 1\) for p \(2, 1\) and u \(2, 3, {n}\), " + tail) as e:
+        env._events(torch.ones(2, 1), torch.rand(2, 3, n))
     assert "\n" not in str(e.value)
 
 
@@ -160,7 +173,8 @@ def test_g_start_spreads_the_starting_points_inside_the_box(smear):
 
 
 @pytest.mark.parametrize("key, hint", [
-    ("event_width", "event_width is a class attribute of the environment (beside `parameters`), not a config key"),
+    ("event_width", "event_width is a class attribute of a simulator environment (beside `parameters`), not a config "
+                    "key"),
     ("n_uniforms", "n_uniforms is a class attribute of the environment (beside `parameters`), not a config key"),
     ("grid_points", "a simulator has no grid (grid_points is a setting of a `density`)"),
 ])
