@@ -8,6 +8,7 @@
         --set environment.subset_fraction=1.0 --frozen-code --commit   # members on disjoint parts, from HEAD's code
     python benchmarks/coverage.py --case toy1d --replicas 1 --set environment.true_params.a=2.5 ...  # another truth
     python benchmarks/coverage.py --workflow run --case smear1d --replicas 3 --seed-offset 1000   # other training seeds
+    python benchmarks/coverage.py --workflow run --run-mode ensemble --case smear1d --replicas 5  # the CLI's own mode
 
 Any --set is passed to every training run (a profile of its own: CASE-PROFILEID-KKK.json); --set
 environment.true_params.* also makes the data at that truth. --frozen-code runs the study from an export of HEAD
@@ -28,7 +29,8 @@ directions that keep the norms (loop_closure.ml_covariance; records from before 
 
 --workflow run (issue 36, item 3) asks instead whether one run, started as a new user starts it (M ranks of
 rma-arar-arar on the environment's own defaults, no preset), ends at the data's floor: on the same data sets and ML
-fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of its own on the page).
+fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of its own on the page). --run-mode
+ensemble runs it in sagips.run's default mode instead (M independent ranks, whose mean and spread analyze quotes).
 
 Each replica writes DIR/coverage/CASE-KKK.json as it finishes (--commit: and commits that file alone); a rerun skips
 the replicas whose JSON holds the same profile (resume). The page DIR/coverage.md is generated whole from the JSON;
@@ -68,6 +70,12 @@ CASES = {  # case -> (--config, sagips.data environment name)
     "toy1d": ("toy1d:quick", "toy1d"),
     "proxy1d": ("configs/proxy1d-quick.yaml", "proxy1d"),
 }
+#: --workflow run: the modes a run can take (the first is the default; a profile with another names it)
+RUN_MODES = ("rma-arar-arar", "ensemble", "allreduce")
+#: what analyze's sigma of one run is, per mode (docs/analysis.md, "What sigma contains")
+SIGMA_OF_RUN = {"rma-arar-arar": "the ranks' spread / √R: a lower bound without the statistical error",
+                "allreduce": "identical replicas: the drift alone, a lower bound",
+                "ensemble": "the independent ranks' spread, as members on shared data"}
 PULL_WIDTH = (0.8, 1.25)
 COVER_1 = (0.58, 0.78)
 SMOKE = {"replicas": 1, "members": 2, "noise_samples": 16,
@@ -88,6 +96,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "floor without tuning (issue 36, item 3), one run as a new user starts it: M ranks of "
                         "rma-arar-arar (comm.inner_size 2) on the environment's own defaults (no preset; proxy1d: "
                         "make run's preset)"),
+    p.add_argument("--run-mode", choices=RUN_MODES, default=RUN_MODES[0],
+                   help="--workflow run: the mode of the run (default rma-arar-arar, as the docs' commands; "
+                        "'ensemble' is sagips.run's own default: M independent ranks; allreduce: identical replicas)")
     p.add_argument("--noise-samples", type=int, default=1024, help="sagips.analyze --noise-samples")
     p.add_argument("--final-noise-samples", type=int, default=16384, help="sagips.analyze --final-noise-samples")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set for every run")
@@ -109,6 +120,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.case, a.replicas, a.members, a.noise_samples = ["smear1d"], SMOKE["replicas"], SMOKE["members"], \
             SMOKE["noise_samples"]
         a.set = SMOKE["set"] + a.set
+    if a.run_mode != RUN_MODES[0] and a.workflow != "run":
+        p.error("--run-mode needs --workflow run (the ensemble workflow always runs --mode ensemble)")
     if a.replicas < 1 or a.members < 2:
         p.error("--replicas must be >= 1 and --members >= 2 (a spread needs two members)")
     return a
@@ -173,6 +186,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
             "noise_samples": args.noise_samples, "set": list(args.set), "events": args.events}
     if args.workflow != "ensemble":  # (the ensemble profiles' ids stay those of the records made before it existed)
         prof["workflow"] = args.workflow
+        if args.run_mode != RUN_MODES[0]:
+            prof["run_mode"] = args.run_mode
     if args.seed_offset:
         prof["seed_offset"] = args.seed_offset
     if started_apart(args, case):  # the default start from STARTED_APART_FROM on: a profile of its own
@@ -199,7 +214,8 @@ def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
     so that a variant never overwrites the preset's records."""
     tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
-        f"-{profile(args, case)['id']}" if (args.set or args.seed_offset or started_apart(args, case))
+        f"-{profile(args, case)['id']}" if (args.set or args.seed_offset or started_apart(args, case)
+                                            or args.run_mode != RUN_MODES[0])
         and not args.smoke else "")
     return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
@@ -234,7 +250,8 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     cmd = ["timeout", "--kill-after=10", str(args.timeout), mpiexec(), "-n", str(args.members), sys.executable, "-m",
            "sagips.run"] + (["--config", cfg] if cfg else ["--set", f"environment.name={case}"]) + (
            ["--mode", "ensemble", "--ensemble-size", str(args.members)] if args.workflow == "ensemble" else
-           ["--mode", "rma-arar-arar", "--set", "comm.inner_size=2"]) + [
+           ["--mode", args.run_mode] + (["--set", "comm.inner_size=2"] if args.run_mode == "rma-arar-arar" else [])
+    ) + [
            "--seed", str(seed + args.seed_offset), "--no-progress", "--output-dir", str(run), "--overwrite",
            "--set", f"environment.data_file={data}", "--set", "train.threads=1"]
     for s in args.set:
@@ -347,19 +364,21 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
     ranks = int(prof["members"])
     fraction, floor = run_floor(prof, rs)
-    lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, rma-arar-arar, "
+    mode = prof.get("run_mode", RUN_MODES[0])
+    lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, {mode}, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}{seeds_of(prof)})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
              f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record "
              f"without it: the ML fits' rms error over the data sets). A run "
              f"of {ranks} ranks keeping {fraction:g} of the data each has the floor {floor:.2f} (σ_ML/√seen, "
-             f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that.", "",
-             "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | verdict |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             f"docs/analysis.md); 'at its floor' means an rms error within {FLOOR_MARGIN}× that. ±1σ: how often "
+             f"analyze's σ for the run covered the truth ({SIGMA_OF_RUN[mode]}).", "",
+             "| parameter | K | rms error GAN | rms error ML | max abs error GAN | GAN − ML (rms) | ±1σ | verdict |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in floor_rows(prof, rs):
         lines.append(f"| {row['name']} | {len(rs)} | {row['rms']:.2f} | {row['ml_rms']:.2f} | {row['max']:.2f} | "
-                     f"{row['gan_ml']:.2f} | {row['verdict']} |")
+                     f"{row['gan_ml']:.2f} | {row['cover1']} | {row['verdict']} |")
     return lines + [""]
 
 
@@ -388,7 +407,10 @@ def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
         rms = float(np.sqrt(np.mean(g ** 2)))
         verdict = ("at its floor" if rms <= FLOOR_MARGIN * floor else "above its floor") + (
             f" (provisional, K = {len(rs)})" if len(rs) < 5 else "")
+        s = np.array([sigma_now(r, i) for r in rs])
+        covered = int(np.sum(np.abs(p - t) <= s))  # (a sigma of 0 or nan covers nothing)
         rows.append({"name": name, "rms": rms, "ml_rms": float(np.sqrt(np.mean(m ** 2))),
+                     "cover1": f"{covered} of {len(rs)}",
                      "max": float(np.max(np.abs(g))), "gan_ml": float(np.sqrt(np.mean(d ** 2))), "verdict": verdict})
     return rows
 
@@ -459,7 +481,9 @@ def summary(recs: list[dict]) -> list[str]:
 
     by: dict[tuple, list[dict]] = {}
     for r in recs:
-        by.setdefault((r["case"], r["profile"].get("workflow", "ensemble"), r["profile"]["id"]), []).append(r)
+        wf = r["profile"].get("workflow", "ensemble")
+        wf += f":{r['profile']['run_mode']}" if r["profile"].get("run_mode") else ""
+        by.setdefault((r["case"], wf, r["profile"]["id"]), []).append(r)
     best: dict[tuple, list[dict]] = {}
     for (case, wf, _), rs in by.items():
         if at_defaults(case, rs[0]["profile"]) and len(rs) > len(best.get((case, wf), [])):
@@ -478,7 +502,7 @@ def summary(recs: list[dict]) -> list[str]:
 
     def run_cells(rs):
         for row in floor_rows(rs[0]["profile"], rs):
-            yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["verdict"]
+            yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["cover1"], row["verdict"]
 
     lines = ["## Summary: what today's defaults give", "",
              "Per case, the profile with the most data sets among those that ran today's defaults (sections below). "
@@ -490,8 +514,11 @@ def summary(recs: list[dict]) -> list[str]:
             ("ensemble", "**An ensemble of M members** (`--mode ensemble --ensemble-size M`, the case's preset; the "
              "issue's workflow):", "M | pull mean | pull width | ±1σ | rms error GAN / ML", ensemble_cells),
             ("run", "**One run** as a new user starts it (`--workflow run`: M ranks of rma-arar-arar, the "
-             "environment's own defaults), against its statistical floor:", "ranks | rms error GAN | rms error ML",
-             run_cells)):
+             "environment's own defaults), against its statistical floor; ±1σ with analyze's σ for the run, "
+             "a lower bound:", "ranks | rms error GAN | rms error ML | ±1σ", run_cells),
+            ("run:ensemble", "**One run in sagips.run's default mode** (`--workflow run --run-mode ensemble`: M "
+             "independent ranks, the environment's own defaults, p̂ their mean), against the same floor; ±1σ with "
+             "analyze's σ from the ranks as members:", "ranks | rms error GAN | rms error ML | ±1σ", run_cells)):
         n = head.count("|") + 1
         lines += [intro, "", f"| case | parameter | profile | K | {head} | verdict |",
                   "|---|---|---|" + "---:|" * (n + 1) + "---|"]

@@ -4,6 +4,8 @@ import copy
 import json
 import sys
 
+import pytest
+
 from benchmarks import coverage
 
 
@@ -46,6 +48,20 @@ def test_smoke_run_workflow_reports_the_floor_without_tuning(tmp_path, monkeypat
     assert rec["gan"]["n_members"] == 1 and rec["gan"]["spread_from"] == "ranks"
     page = (tmp_path / "coverage.md").read_text()
     assert "## smear1d: the floor without tuning (profile " in page and "| tau | 1 |" in page
+
+
+def test_a_run_in_the_default_mode_quotes_its_independent_ranks_as_members(tmp_path, monkeypatch):
+    """--run-mode ensemble: one run of sagips.run's default mode, whose ranks are independent members (analyze's
+    sigma from their spread, not the lower bound of exchanging ranks); its profile and page name the mode."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert coverage.main(["--smoke", "--workflow", "run", "--run-mode", "ensemble", "--out", str(tmp_path)]) == 0
+    rec = json.loads(next((tmp_path / "coverage").glob("*.json")).read_text())
+    assert rec["profile"]["run_mode"] == "ensemble"
+    assert rec["gan"]["n_members"] == 2 and rec["gan"]["spread_from"] == "members"
+    page = (tmp_path / "coverage.md").read_text()
+    assert "one run of 2 ranks, ensemble," in page and "**One run in sagips.run's default mode**" in page
+    with pytest.raises(SystemExit):  # the ensemble workflow has its own mode
+        coverage.parse_args(["--run-mode", "ensemble"])
 
 
 def test_frozen_code_and_split_members(tmp_path):
