@@ -783,7 +783,7 @@ def _finish(r: _Run) -> None:
                           cuda_graph=trainer.graphs.record() if trainer.graphs is not None else None)
         from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
 
-        conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names())
+        conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)
         if conv:
             r.run_info["convergence"] = conv[0]
         write_run_json(r.out_dir, r.run_info)

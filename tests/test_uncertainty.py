@@ -181,6 +181,40 @@ def test_run_end_diagnostic_reads_the_metrics(tmp_path):
     assert "lower bound" in coupled[1]["message"] and "--ensemble-size" in coupled[1]["message"]
 
 
+class _Density:
+    """A density environment's Fisher information per event (diagonal: the Cramér-Rao bound is 1/sqrt(I N))."""
+    pipeline_method = "density"
+
+    def __init__(self, info):
+        self.info = np.diag(info)
+
+    def fisher(self, p):
+        return self.info
+
+
+def test_a_coupled_run_of_a_density_is_judged_against_its_data_error(tmp_path):
+    """One run of exchanging ranks has no members, but a density knows its data's error (the Cramér-Rao bound):
+    a parameter that moved more than that is still moving, one that moved less has converged, at the end of the run
+    as in stats.convergence (sagips.analyze passes the bound it computes)."""
+    epochs = list(range(100, 1001, 100))
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for e in epochs:
+            fh.write(json.dumps({"epoch": e, "params": [1.0, 0.3 + 1e-4 * e]}) + "\n")  # res moves 0.02 at the end
+    final = {"params": [1.0, 0.4], "rank_params": [[1.0, 0.4001], [1.0, 0.3999]]}  # ranks agree: 1.4e-4
+    info = {"mode": "arar", "reference_data": {"events": 10_000}}
+    # data error 0.005 for res (I = 4 per event, N = 1e4): 0.02 is 4 sigma of the data -> still moving
+    moving, _ = run_end_convergence(tmp_path, info, final, ["mu", "res"], _Density([4.0, 4.0]))
+    assert moving[1]["moving"] is True and moving[1]["z"] == pytest.approx(4.0, rel=1e-3)
+    assert "Cramér-Rao" in moving[1]["message"] and "train longer" in moving[1]["message"]
+    assert moving[0]["moving"] is False
+    # data error 0.05: 0.02 is inside it -> converged, judged against the data's error, not the ranks' agreement
+    still, _ = run_end_convergence(tmp_path, info, final, ["mu", "res"], _Density([0.04, 0.04]))
+    assert still[1]["moving"] is False and "Cramér-Rao" in still[1]["message"]
+    # a simulator (no density) or an unknown data size: not judged, as before
+    for env, inf in ((None, info), (_Density([4.0, 4.0]), {"mode": "arar"})):
+        assert run_end_convergence(tmp_path, inf, final, ["mu", "res"], env)[0][1]["moving"] is None
+
+
 def test_t_quantile_against_scipy():
     from scipy import stats as st
     for dof in (1, 2, 3, 4, 7, 19, 100, 5000, math.inf):
@@ -265,8 +299,20 @@ def test_the_fisher_matrix_of_a_density_with_zeros():
     edges = density_env("test_fisher_edges", {"a": (0.5, 2.0), "b": (0.0, 1.0)},
                         lambda self, p, x: p[:, :1] * x * (1 - x) + p[:, 1:2] * x * x * (1 - x))
     np.testing.assert_allclose(narrow.fisher([0.5, 0.01]), np.diag([1e4, 2e4]), rtol=1e-3, atol=1e-3)
-    f = edges.fisher([1.0, 0.5])
-    assert f.shape == (2, 2) and np.all(np.isfinite(f)) and np.linalg.eigvalsh(f)[0] > 0
+    # (a x + b x^2)(1 - x) is 0 at both ends, but only b/a sets its shape: its information is singular, which rounding
+    # can show as a tiny eigenvalue of either sign; an exponential family with 0 at both ends is not, and its
+    # information is the covariance of its sufficient statistics (x, x^2), computed here by quadrature
+    expfam = density_env("test_fisher_expfam", {"a": (-1.0, 2.0), "b": (-2.0, 1.0)},
+                         lambda self, p, x: x * (1 - x) * torch.exp(p[:, :1] * x + p[:, 1:2] * x * x))
+    x = np.linspace(0.0, 1.0, 200_001)
+    w = x * (1 - x) * np.exp(0.5 * x - 1.0 * x * x)
+    w /= np.trapezoid(w, x)
+    t = np.stack([x, x * x])
+    mean = np.trapezoid(t * w, x, axis=1)
+    cov = np.trapezoid((t - mean[:, None])[:, None] * (t - mean[:, None])[None] * w, x, axis=2)
+    np.testing.assert_allclose(expfam.fisher([0.5, -1.0]), cov, rtol=2e-3)
+    assert np.linalg.eigvalsh(expfam.fisher([0.5, -1.0]))[0] > 0
+    assert np.all(np.isfinite(edges.fisher([1.0, 0.5])))
     assert edges.fisher([-1.0, 0.5]) is None  # negative inside the support: no information matrix
 
 

@@ -474,15 +474,18 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
-    return u, stats.convergence(names, g.epochs, series, u.spread, fraction, lower_bound=u.spread_from == "ranks")
+    return u, stats.convergence(names, g.epochs, series, u.spread, fraction, lower_bound=u.spread_from == "ranks",
+                                floor=u.cramer_rao)
 
 
 def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,
-                        names: Sequence[str] | None) -> tuple[list[dict[str, Any]], str] | None:
+                        names: Sequence[str] | None, env: Any = None) -> tuple[list[dict[str, Any]], str] | None:
     """The convergence diagnostic (`stats.convergence`) at the end of `sagips.run`, from what rank 0 has: the
     logged prediction p^ (metrics.jsonl `params`; the ranks' mean, or rank 0's in rma-arar-arar) and the ranks'
-    final predictions (`rank_params` of the final quality). Returns (per parameter, what sigma is), or None where the
-    environment logs no parameters or fewer than two epochs were logged."""
+    final predictions (`rank_params` of the final quality). With `env`, a density environment's Cramér-Rao bound at
+    the final p^ judges the movement of a run of exchanging ranks, as in sagips.analyze (`stats.convergence`'s
+    floor). Returns (per parameter, what sigma is), or None where the environment logs no parameters or fewer than
+    two epochs were logged."""
     from sagips.io.metrics import read_metrics
 
     path = Path(out_dir) / "metrics.jsonl"
@@ -508,5 +511,8 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
                 f"the full σ (sagips.analyze)")
         # That spread is a lower bound of σ (ranks that exchange gradients agree more than independent fits would):
         # a parameter that moved less than it has converged, one that moved more is not judged (stats.convergence).
-        return stats.convergence(names, epochs, series, u.spread, lower_bound=True), what
+        n_events = (info.get("reference_data") or {}).get("events")
+        fisher = _fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64)) if env and n_events else None
+        floor = stats.cramer_rao(fisher, int(n_events)) if isinstance(fisher, np.ndarray) else None
+        return stats.convergence(names, epochs, series, u.spread, lower_bound=True, floor=floor), what
     return stats.convergence(names, epochs, series, u.spread), what

@@ -477,11 +477,15 @@ def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
 
 def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
                 fraction: float = DRIFT_FRACTION, threshold: float = DRIFT_THRESHOLD,
-                advice: str = DRIFT_ADVICE, lower_bound: bool = False) -> list[dict[str, Any]]:
+                advice: str = DRIFT_ADVICE, lower_bound: bool = False,
+                floor: np.ndarray | None = None) -> list[dict[str, Any]]:
     """Per parameter: did it still move over the last `fraction` of the epochs, against `sigma` (P,), the spread
     between members (the spread part of the quotable sigma)? `series` (T, P) is the ensemble's p^ at `epochs`.
     `lower_bound`: sigma is only the spread of ranks that exchange gradients (no independent members), a lower
-    bound of the error: a parameter that moved less than it has converged, one that moved more is not judged.
+    bound of the error: a parameter that moved less than it has converged, one that moved more is not judged,
+    unless `floor` (P,) gives the data's own statistical error independently of the ranks (the Cramér-Rao bound of a
+    density environment, `cramer_rao`): the movement is then judged against the larger of the two, so that a run
+    whose parameter still moves by more than its data's error is told so.
 
     One dict per parameter: name, moved (physical units), sigma, z = |moved|/sigma (None without a spread),
     moving (bool, or None when it cannot be judged), window [first, last epoch], message (one line, what to do).
@@ -493,7 +497,17 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     for i, name in enumerate(names):
         mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
         last = float(s[-1, i])
-        if len(s) < 2:
+        fl = float(np.asarray(floor, dtype=np.float64)[i]) if floor is not None else math.nan
+        if lower_bound and len(s) >= 2 and math.isfinite(fl) and fl > 0:
+            # one run of exchanging ranks of a density: against the larger of its ranks' spread and its data's error
+            # (toy1d: single runs still walking along the valley by 1-2 sigma_ML over the last 20 %)
+            by_ranks = math.isfinite(sg) and sg > fl
+            what = "the ranks' spread" if by_ranks else "the data's statistical error, the Cramér-Rao bound"
+            z = abs(mv) / (sg if by_ranks else fl)
+            moving = z > threshold
+            msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}; σ {what}): {advice}" if moving
+                   else f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1}; σ {what})")
+        elif len(s) < 2:
             z, moving = None, None
             msg = f"{name}: too few checkpoints to judge whether it still moves (keep train.checkpoint_every small)"
         elif not (math.isfinite(sg) and sg > 0):
