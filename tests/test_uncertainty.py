@@ -205,6 +205,7 @@ def test_a_coupled_run_of_a_density_is_judged_against_its_data_error(tmp_path):
     # data error 0.005 for res (I = 4 per event, N = 1e4): 0.02 is 4 sigma of the data -> still moving
     moving, _ = run_end_convergence(tmp_path, info, final, ["mu", "res"], _Density([4.0, 4.0]))
     assert moving[1]["moving"] is True and moving[1]["z"] == pytest.approx(4.0, rel=1e-3)
+    assert moving[1]["sigma"] == pytest.approx(0.005) and moving[0]["sigma"] == pytest.approx(0.005)
     assert "Cramér-Rao" in moving[1]["message"] and "train longer" in moving[1]["message"]
     assert moving[0]["moving"] is False
     # data error 0.05: 0.02 is inside it -> converged, judged against the data's error, not the ranks' agreement

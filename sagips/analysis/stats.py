@@ -487,8 +487,9 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     density environment, `cramer_rao`): the movement is then judged against the larger of the two, so that a run
     whose parameter still moves by more than its data's error is told so.
 
-    One dict per parameter: name, moved (physical units), sigma, z = |moved|/sigma (None without a spread),
-    moving (bool, or None when it cannot be judged), window [first, last epoch], message (one line, what to do).
+    One dict per parameter: name, moved (physical units), sigma (what it is judged against), z = |moved|/sigma
+    (None without one), moving (bool, or None when it cannot be judged), window [first, last epoch], message (one
+    line, what to do).
     The single diagnostic of both the end of `sagips.run` and `sagips.analyze`."""
     s = np.asarray(series, dtype=np.float64)
     moved, e0, e1 = drift(epochs, s, fraction)
@@ -503,7 +504,8 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             # (toy1d: single runs still walking along the valley by 1-2 sigma_ML over the last 20 %)
             by_ranks = math.isfinite(sg) and sg > fl
             what = "the ranks' spread" if by_ranks else "the data's statistical error, the Cramér-Rao bound"
-            z = abs(mv) / (sg if by_ranks else fl)
+            sg = sg if by_ranks else fl  # (the sigma it is judged against, as in the other branches)
+            z = abs(mv) / sg
             moving = z > threshold
             msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}; σ {what}): {advice}" if moving
                    else f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1}; σ {what})")
