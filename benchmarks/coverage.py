@@ -73,8 +73,8 @@ CASES = {  # case -> (--config, sagips.data environment name)
 #: --workflow run: the modes a run can take (the first is the default; a profile with another names it)
 RUN_MODES = ("rma-arar-arar", "ensemble", "allreduce")
 #: what analyze's sigma of one run is, per mode (docs/analysis.md, "What sigma contains")
-SIGMA_OF_RUN = {"rma-arar-arar": "the ranks' spread / √R: a lower bound without the statistical error",
-                "allreduce": "identical replicas: the drift alone, a lower bound",
+SIGMA_OF_RUN = {"rma-arar-arar": "the ranks' spread / √R and the drift: a lower bound without the statistical error",
+                "allreduce": "identical replicas: the drift, a lower bound",
                 "ensemble": "the independent ranks' spread, as members on shared data"}
 PULL_WIDTH = (0.8, 1.25)
 COVER_1 = (0.58, 0.78)
@@ -212,11 +212,11 @@ def config_of(args: argparse.Namespace, case: str) -> str | None:
 
 def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
-    so that a variant never overwrites the preset's records."""
+    so that a variant never overwrites the preset's records; --smoke's are CASE[-run]-smoke-KKK.json, so that a smoke
+    test pointed at the real folder never overwrites a study's record."""
     tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
-        f"-{profile(args, case)['id']}" if (args.set or args.seed_offset or started_apart(args, case)
-                                            or args.run_mode != RUN_MODES[0])
-        and not args.smoke else "")
+        "-smoke" if args.smoke else f"-{profile(args, case)['id']}" if (
+            args.set or args.seed_offset or started_apart(args, case) or args.run_mode != RUN_MODES[0]) else "")
     return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
 

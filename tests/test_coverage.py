@@ -13,7 +13,7 @@ def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatc
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert coverage.main(["--smoke", "--out", str(tmp_path)]) == 0
     files = sorted((tmp_path / "coverage").glob("*.json"))
-    assert [f.name for f in files] == ["smear1d-000.json"]
+    assert [f.name for f in files] == ["smear1d-smoke-000.json"]
     rec = json.loads(files[0].read_text())
     assert rec["names"] == ["tau", "resolution"] and rec["gan"]["n_members"] == 2
     assert rec["gan"]["spread_from"] == "members" and all(s > 0 for s in rec["ml"]["sigma"])
@@ -41,7 +41,7 @@ def test_smoke_run_workflow_reports_the_floor_without_tuning(tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert coverage.main(["--smoke", "--workflow", "run", "--out", str(tmp_path)]) == 0
     files = sorted((tmp_path / "coverage").glob("*.json"))
-    assert [f.name for f in files] == ["smear1d-run-000.json"]
+    assert [f.name for f in files] == ["smear1d-run-smoke-000.json"]
     rec = json.loads(files[0].read_text())
     assert rec["profile"]["workflow"] == "run" and rec["profile"]["config"] is None
     # one run of 2 exchanging ranks: one member, sigma from its ranks
@@ -59,7 +59,7 @@ def test_a_run_in_the_default_mode_quotes_its_independent_ranks_as_members(tmp_p
     assert rec["profile"]["run_mode"] == "ensemble"
     assert rec["gan"]["n_members"] == 2 and rec["gan"]["spread_from"] == "members"
     page = (tmp_path / "coverage.md").read_text()
-    assert "one run of 2 ranks, ensemble," in page and "**One run in sagips.run's default mode**" in page
+    assert "one run of 2 ranks, ensemble," in page and "(the independent ranks' spread, as members" in page
     with pytest.raises(SystemExit):  # the ensemble workflow has its own mode
         coverage.parse_args(["--run-mode", "ensemble"])
 
@@ -154,10 +154,12 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
             (default, middle, toy_now, toy_plain, toy_middle, toy_long)] == [True, False, True, False, False, False]
     run_now = records("smear1d-run-2caa46ae9ac0")  # one run of 4 ranks at the defaults (the study adds data sets)
     assert run_now and coverage.at_defaults("smear1d", run_now[0]["profile"])
+    run_mode = records("smear1d-run-d3c1f3ff1210")  # one run in sagips.run's default mode (--run-mode ensemble)
+    assert run_mode and coverage.at_defaults("smear1d", run_mode[0]["profile"])
     small = copy.deepcopy(default[:3])  # a smaller profile at the defaults: the larger one is shown
     for r in small:
         r["profile"]["id"] = "000000000000"
-    lines = coverage.summary(middle + small + toy_plain + toy_middle + toy_long + default + toy_now + run_now)
+    lines = coverage.summary(middle + small + toy_plain + toy_middle + toy_long + default + toy_now + run_now + run_mode)
     res = [ln for ln in lines if ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |")]
     assert len(res) == 1 and "| 80 % (56–94) |" in res[0]  # 16 of 20 covered: scipy's exact 95 % interval
     assert any(ln.startswith("| toy1d | c | 0e92873fcb71 | 20 | 4 |") for ln in lines)
@@ -165,7 +167,9 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     others = ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504", "000000000000")
     assert not any(pid in ln for ln in lines for pid in others)
     assert "| proxy1d | all | — | 0 | | | | | | not measured at today's defaults |" in lines
-    assert sum("not measured" in ln for ln in lines) == 3  # proxy1d's ensemble; toy1d's and proxy1d's one run
+    assert any(ln.startswith(f"| smear1d | resolution | d3c1f3ff1210 | {len(run_mode)} | 4 |") for ln in lines)
+    # proxy1d's ensemble; toy1d's and proxy1d's one run; toy1d's and proxy1d's one run in the default mode
+    assert sum("not measured" in ln for ln in lines) == 5
     assert not any(coverage.at_defaults("smear1d", dict(r["profile"], events=4000)) for r in default[:1])
     # a pull that is not finite (sigma 0): the interval counts the 19 finite pulls
     broken = copy.deepcopy(default)

@@ -181,6 +181,20 @@ def test_run_end_diagnostic_reads_the_metrics(tmp_path):
     assert "lower bound" in coupled[1]["message"] and "--ensemble-size" in coupled[1]["message"]
 
 
+def test_the_data_error_judges_only_a_lower_bound_and_only_where_it_is_larger():
+    epochs = np.arange(100, 1001, 100)
+    series = np.stack([np.full(len(epochs), 1.0), 0.3 + 1e-4 * epochs], 1)  # res moves 0.02 over the last 20 %
+    floor = np.array([0.005, 0.005])
+    # the ranks' spread (0.03) is larger than the data's error: judged against it, converged
+    ranks = stats.convergence(["mu", "res"], epochs, series, np.array([0.03, 0.03]), lower_bound=True, floor=floor)
+    assert ranks[1]["moving"] is False and ranks[1]["sigma"] == pytest.approx(0.03) and "ranks' spread" in \
+        ranks[1]["message"]
+    # independent members (no lower bound): the members' spread is sigma, the bound does not enter
+    members = stats.convergence(["mu", "res"], epochs, series, np.array([0.01, 0.01]), floor=np.array([1.0, 1.0]))
+    assert members[1]["moving"] is True and members[1]["sigma"] == pytest.approx(0.01)
+    assert "Cramér-Rao" not in members[1]["message"]
+
+
 class _Density:
     """A density environment's Fisher information per event (diagonal: the Cramér-Rao bound is 1/sqrt(I N))."""
     pipeline_method = "density"
@@ -189,6 +203,7 @@ class _Density:
         self.info = np.diag(info)
 
     def fisher(self, p):
+        np.testing.assert_allclose(p, [1.0, 0.4])  # at the run's final p^ (final_quality params)
         return self.info
 
 
@@ -209,8 +224,9 @@ def test_a_coupled_run_of_a_density_is_judged_against_its_data_error(tmp_path):
     assert "Cramér-Rao" in moving[1]["message"] and "train longer" in moving[1]["message"]
     assert moving[0]["moving"] is False
     # data error 0.05: 0.02 is inside it -> converged, judged against the data's error, not the ranks' agreement
-    still, _ = run_end_convergence(tmp_path, info, final, ["mu", "res"], _Density([0.04, 0.04]))
+    still, what = run_end_convergence(tmp_path, info, final, ["mu", "res"], _Density([0.04, 0.04]))
     assert still[1]["moving"] is False and "Cramér-Rao" in still[1]["message"]
+    assert "Cramér-Rao bound where it is larger" in what
     # a simulator (no density) or an unknown data size: not judged, as before
     for env, inf in ((None, info), (_Density([4.0, 4.0]), {"mode": "arar"})):
         assert run_end_convergence(tmp_path, inf, final, ["mu", "res"], env)[0][1]["moving"] is None
@@ -305,12 +321,14 @@ def test_the_fisher_matrix_of_a_density_with_zeros():
     # information is the covariance of its sufficient statistics (x, x^2), computed here by quadrature
     expfam = density_env("test_fisher_expfam", {"a": (-1.0, 2.0), "b": (-2.0, 1.0)},
                          lambda self, p, x: x * (1 - x) * torch.exp(p[:, :1] * x + p[:, 1:2] * x * x))
+    from scipy.integrate import trapezoid
+
     x = np.linspace(0.0, 1.0, 200_001)
     w = x * (1 - x) * np.exp(0.5 * x - 1.0 * x * x)
-    w /= np.trapezoid(w, x)
+    w /= trapezoid(w, x)
     t = np.stack([x, x * x])
-    mean = np.trapezoid(t * w, x, axis=1)
-    cov = np.trapezoid((t - mean[:, None])[:, None] * (t - mean[:, None])[None] * w, x, axis=2)
+    mean = trapezoid(t * w, x, axis=1)
+    cov = trapezoid((t - mean[:, None])[:, None] * (t - mean[:, None])[None] * w, x, axis=2)
     np.testing.assert_allclose(expfam.fisher([0.5, -1.0]), cov, rtol=2e-3)
     assert np.linalg.eigvalsh(expfam.fisher([0.5, -1.0]))[0] > 0
     assert np.all(np.isfinite(edges.fisher([1.0, 0.5])))

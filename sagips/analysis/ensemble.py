@@ -511,8 +511,16 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
                 f"the full σ (sagips.analyze)")
         # That spread is a lower bound of σ (ranks that exchange gradients agree more than independent fits would):
         # a parameter that moved less than it has converged, one that moved more is not judged (stats.convergence).
+        # A density knows its data's error (the Cramer-Rao bound at the final p^): judged against the larger of both.
         n_events = (info.get("reference_data") or {}).get("events")
-        fisher = _fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64)) if env and n_events else None
+        fisher = (_fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64))
+                  if env is not None and n_events else None)
         floor = stats.cramer_rao(fisher, int(n_events)) if isinstance(fisher, np.ndarray) else None
-        return stats.convergence(names, epochs, series, u.spread, lower_bound=True, floor=floor), what
+        floor = floor if floor is not None and len(floor) == series.shape[1] else None
+        spread = u.spread
+        if str(info.get("mode")) == "rma-arar-arar":  # the logged series is rank 0's generator, not the ranks' mean:
+            spread = stats.member_scatter(ranks)  # its noise is one rank's, not the error of their mean
+        if floor is not None:
+            what += "; the data's Cramér-Rao bound where it is larger"
+        return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor), what
     return stats.convergence(names, epochs, series, u.spread), what
