@@ -10,15 +10,16 @@
 #
 # In order, each step with its own time limit so that a slow one cannot eat the others: install; the CUDA tests
 # (graph against eager in every case, resume from a graph run's state, pinned offload); benchmarks/gpu_step.py (the
-# three cases eager and recorded, make run's job 4 ranks on the GPU); benchmarks/graph_modes.py (every mode under
-# mpiexec, eager against recorded; make run's whole job); the shared profiler for comparison. STEPS picks some.
+# three cases eager and recorded, make run's job 4 ranks on the GPU); benchmarks/graph_trace.py (where recorded runs
+# of ensemble part from eager ones, epoch by epoch); benchmarks/graph_modes.py (every mode under mpiexec, eager
+# against recorded; make run's whole job); the shared profiler for comparison. STEPS picks some, in that order.
 # Everything lands in $OUT (the device tool brings it back); all steps take about 9 minutes on an H100.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.log"; }
-STEPS=${STEPS:-tests,gpu_step,modes,profile}  # e.g. STEPS=modes bash benchmarks/device_check.sh for one of them
+STEPS=${STEPS:-tests,gpu_step,trace,modes,profile}  # e.g. STEPS=modes bash benchmarks/device_check.sh for one of them
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
 
 log install
@@ -55,9 +56,15 @@ log "gpu_step rc=$?"
 grep -E "ms/epoch|wrote|Error" "$OUT/gpu_step.log" | tee -a "$OUT/steps.log"
 fi
 
+if want trace; then  # its output goes to steps.log whole (the device returns at most 8 files)
+log "graph_trace"
+timeout 300 python3 benchmarks/graph_trace.py --out "$OUT" ${GRAPH_TRACE_ARGS:-} 2>&1 | tee -a "$OUT/steps.log"
+log "graph_trace rc=${PIPESTATUS[0]}"
+fi
+
 if want modes; then  # every mode under mpiexec, eager against recorded, and make run's whole job (auto, off)
 log "graph_modes"
-timeout 420 python3 benchmarks/graph_modes.py --out "$OUT" ${GRAPH_MODES_ARGS:-} 2>&1 | tee "$OUT/graph_modes.log" | grep -v "^--- " \
+timeout ${MODES_TIMEOUT_S:-420} python3 benchmarks/graph_modes.py --out "$OUT" ${GRAPH_MODES_ARGS:-} 2>&1 | tee "$OUT/graph_modes.log" | grep -v "^--- " \
     | grep -E "tolerances|make run|Error" | tee -a "$OUT/steps.log"
 log "graph_modes rc=${PIPESTATUS[0]}"
 fi

@@ -36,9 +36,12 @@ ASYNC = {"rma-arar-arar"}  #: modes whose runs differ from one another by design
 RTOL, ATOL = 1e-3, 1e-4  #: as tests/test_step.py's graph-against-eager test (the gather's atomics on a GPU)
 
 
-def launch(work: Path, name: str, args: list[str], timeout_s: int) -> dict:
+def launch(work: Path, name: str, args: list[str], timeout_s: int,
+           entry: tuple[str, ...] = ("-m", "sagips.run")) -> dict:
+    """`make run`'s preset on 4 ranks with `args` (entry: what python runs, sagips.run or a script wrapping it)."""
     run = work / name
-    cmd = [os.environ.get("MPIEXEC", "mpiexec"), "-n", "4", sys.executable, "-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml",
+    cmd = [os.environ.get("MPIEXEC", "mpiexec"), "-n", "4", sys.executable, *entry,
+           "--config", "configs/proxy1d-quick.yaml",
            "--set", "comm.inner_size=2", "--set", "train.progress=false", "--output-dir", str(run), "--overwrite",
            *args]
     t0 = time.perf_counter()

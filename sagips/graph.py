@@ -17,14 +17,13 @@ decides on the device, sagips/guard.py); keep shapes fixed; take its random numb
 the graph (`generators`, besides CUDA's default one); step optimizers that are capturable (fused Adam, its learning
 rate a device tensor). `why_not` names what stands in the way; `auto` then stays eager and says why in one line.
 
-The host's lead. With graphs on, `step_done` waits for the epoch's device work (in the warm-up epochs too: the
-condition measured), so that the host never queues more than one epoch. Measured on one H100
-(docs/benchmarks/gpu_step.notes.md): in `ensemble`, the one mode without a host synchronisation inside its epoch,
-the host ran up to 10 epochs ahead (to the next NaN-guard read), and 7 of 14 graph runs ended 200-780 tolerances
-from their eager runs, with the same alternative weights on a given rank each time; with a synchronisation at every
-epoch 0 of 9 did (two eager runs: at most 6). The cause inside the queued replays was not found. Every other mode
-already waits for its exchange once per epoch. The wait costs the gap between one epoch's last kernel and the next
-epoch's first launch (expected: tens of microseconds against 1.7-3 ms epochs; not measured yet).
+The recording's own work. `torch.cuda.graph` resets the registered generators' device offsets (an eager `fill_`,
+queued on the capture stream just before the capture begins), and the first replay then writes the true offsets from
+the current stream. Nothing orders the two streams, so where the GPU runs the reset after that write (seen with 4
+ranks sharing one H100) the first replay draws its random numbers at offset 0: that one epoch's batches differ, and the run
+goes on along another, equally good path. Seen in `ensemble`, 4 of 12 graph runs on one or more ranks, always at the
+recording epoch (a per-epoch fingerprint recorded on the device; docs/benchmarks/gpu_step.notes.md). So `_record`
+waits for the device after each recording: once per segment and run.
 """
 from __future__ import annotations
 
@@ -106,11 +105,8 @@ class SegmentRunner:
         current.wait_stream(self.stream)  # what follows on the current stream (e.g. GradBuffer.wait) sees it done
 
     def step_done(self) -> None:
-        """The end of one whole step. With graphs on (the warm-up epochs too), the host waits here for the step's
-        device work: it never runs more than one epoch ahead of the GPU (see "The host's lead" above)."""
+        """The end of one whole step (the warm-up counts these)."""
         self.steps += 1
-        if self.enabled:
-            torch.cuda.current_stream(self.device).synchronize()
 
     def _record(self, i: int, fn: Callable[[], None]) -> torch.cuda.CUDAGraph | None:
         graph = torch.cuda.CUDAGraph()
@@ -131,6 +127,8 @@ class SegmentRunner:
                 print(f"sagips: train.cuda_graph=auto: the step runs eagerly ({reason})", file=sys.stderr, flush=True)
             torch.cuda.synchronize(self.device)
             return None
+        # the replay must follow what the recording queued on its stream (the generators' offset reset, above)
+        torch.cuda.synchronize(self.device)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[i] = graph
