@@ -17,13 +17,13 @@ decides on the device, sagips/guard.py); keep shapes fixed; take its random numb
 the graph (`generators`, besides CUDA's default one); step optimizers that are capturable (fused Adam, its learning
 rate a device tensor). `why_not` names what stands in the way; `auto` then stays eager and says why in one line.
 
-The recording's own work. `torch.cuda.graph` resets the registered generators' device offsets (an eager `fill_`,
-queued on the capture stream just before the capture begins), and the first replay then writes the true offsets from
-the current stream. Nothing orders the two streams, so where the GPU runs the reset after that write (seen with 4
-ranks sharing one H100) the first replay draws its random numbers at offset 0: that one epoch's batches differ, and the run
+The recording's own work. `torch.cuda.graph` resets the registered generators' device offsets (an eager `fill_`, queued
+on the capture stream just before the capture begins), and the first replay then writes the true offsets from the
+current stream. Nothing orders the two streams, so where the GPU runs the reset after that write (seen with 4 ranks
+sharing one H100) the first replay draws its random numbers at offset 0: that one epoch's batches differ, and the run
 goes on along another, equally good path. Seen in `ensemble`, 4 of 12 graph runs on one or more ranks, always at the
-recording epoch (a per-epoch fingerprint recorded on the device; docs/benchmarks/gpu_step.notes.md). So `_record`
-waits for the device after each recording: once per segment and run.
+recording epoch (a per-epoch fingerprint recorded on the device; docs/benchmarks/gpu_step.notes.md). So `_record` waits
+for the device after each recording: once per segment and run.
 """
 from __future__ import annotations
 
