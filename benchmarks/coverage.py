@@ -61,7 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
-from sagips.analysis.stats import P68, P95, drift_in_sigma, effective_dof, interval_factor  # noqa: E402
+from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof,  # noqa: E402
+                                   interval_factor, seen_fraction, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
 
@@ -298,12 +299,15 @@ def stats_of(recs: list[dict]) -> list[dict]:
     for i, name in enumerate(recs[0]["names"]):
         t = np.array([r["truth"][i] for r in recs])
         p = np.array([r["gan"]["p_hat"][i] for r in recs])
-        s = np.array([sigma_now(r, i) for r in recs])
+        parts = [parts_now(r, i) for r in recs]
+        s = np.array([x[0] for x in parts])
         pull = (p - t) / s
         # the intervals analyze quotes: +-k68 sigma and +-k95 sigma, Student's t with sigma's degrees of freedom,
-        # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors)
-        dof = [float(effective_dof([r["gan"]["members"][i] or 0.0], [sigma_now(r, i)], r["gan"]["n_members"],
-                                   r["gan"]["spread_from"] == "members")[0]) for r in recs]
+        # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors);
+        # a spread that is the data's floor is not sampled (stats.Uncertainty.dof)
+        dof = [math.inf if low else float(effective_dof([sp if sp == sp else 0.0], [sg], r["gan"]["n_members"],
+                                                        r["gan"]["spread_from"] == "members")[0])
+               for r, (sg, sp, low) in zip(recs, parts)]
         k68 = np.array([interval_factor(P68, d) for d in dof])
         k95 = np.array([interval_factor(P95, d) for d in dof])
         fin = np.isfinite(pull)
@@ -416,15 +420,41 @@ def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
 
 
 def sigma_now(r: dict, i: int) -> float:
-    """sigma of parameter i of a record under analyze's current rule, from the record's parts (records from before
-    `drift_in_sigma` always added the drift; those from before the noise part have none)."""
+    """sigma of parameter i of a record under analyze's current rule (`parts_now`)."""
+    return parts_now(r, i)[0]
+
+
+def parts_now(r: dict, i: int) -> tuple[float, float, bool]:
+    """(sigma, its spread part, floored) of parameter i of a record under analyze's current rule
+    (sagips.analysis.stats: the data's floor from the record's Cramér-Rao bound where it has one, the drift where the
+    parameter still moves), from the record's parts (records from before `drift_in_sigma` always added the drift;
+    those from before the noise part have none). Records without a part: their sigma as written."""
     g = r["gan"]
-    if g["spread_from"] != "members":
-        return g["sigma"][i] or math.nan
-    spread, drift = g["members"][i] or 0.0, g["drift"][i] or 0.0
-    added = drift_in_sigma(np.array([drift]), np.array([spread]), True)[0]
+    bound = (g.get("cramer_rao") or [None] * (i + 1))[i]
+    floored = False
+    drift = g["drift"][i] or 0.0
     mc = (g.get("sampling") or [0.0] * (i + 1))[i] or 0.0
-    return math.sqrt(spread ** 2 + (drift ** 2 if added else 0.0) + mc ** 2) or math.nan
+    f = r.get("subset_fraction")
+    if g["spread_from"] == "members":
+        spread = g["members"][i]
+        spread = math.nan if spread is None else spread
+        if bound is not None:
+            shared = "ensemble.data=split" not in (r["profile"].get("set") or [])
+            holds = not (shared and (f is None or f >= 1.0))
+            sp, low = spread_with_floor(np.array([spread]), data_floor(np.array([bound]), f, g["n_members"], shared),
+                                        holds)
+            spread, floored = float(sp[0]), bool(low[0])
+        elif spread != spread:
+            spread = 0.0
+    elif g["spread_from"] == "ranks" and bound is not None and g["ranks"][i] is not None:
+        n = int(r["profile"]["members"])  # the run's ranks
+        seen = None if f is None else seen_fraction(f, n)
+        spread = float(spread_with_floor(np.array([g["ranks"][i] / math.sqrt(n)]),
+                                         data_floor(np.array([bound]), seen, 1, True), False)[0][0])
+    else:
+        return g["sigma"][i] or math.nan, math.nan, False
+    sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members")[0]
+    return float(sigma[0]) or math.nan, spread, floored
 
 
 def expected(members: int) -> dict:
@@ -572,6 +602,25 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
     return lines
 
 
+def fill_bounds(recs: list[dict]) -> None:
+    """proxy1d's records from before its environment had a Fisher information (Proxy1D.fisher) have no Cramér-Rao
+    bound: it is computed here as analyze computes it now (stats.cramer_rao of the information at the record's p̂,
+    for its number of events), in memory, so that their sigma follows analyze's current rule (`parts_now`)."""
+    from sagips.analysis.stats import cramer_rao
+    from sagips_environments.proxy1d import Proxy1D
+
+    envs = {}
+    for r in recs:
+        g = r["gan"]
+        if r["case"] != "proxy1d" or g.get("cramer_rao") is not None or g["spread_from"] not in ("members", "ranks"):
+            continue
+        key = json.dumps(r["profile"].get("set") or [])
+        if key not in envs:
+            envs[key] = Proxy1D(env_config("proxy1d", r["profile"].get("set") or []), "cpu", 0)
+        bound = cramer_rao(envs[key].fisher(np.asarray(g["p_hat"])), int(r["events"]))
+        g["cramer_rao"] = None if bound is None else bound.tolist()
+
+
 def page(out: Path) -> str:
     from benchmarks.loop_closure import machine
 
@@ -580,6 +629,7 @@ def page(out: Path) -> str:
     old = {p.parent.name: [] for p in (out / "coverage").glob("*/*.json")}
     for p in sorted((out / "coverage").glob("*/*.json")):
         old[p.parent.name].append(json.loads(p.read_text()))
+    fill_bounds(recs + [r for rs in old.values() for r in rs])
     m = machine()
     lines = ["# Calibration of p̂ ± σ: pulls and coverage (benchmarks/coverage.py)", "",
              "Generated whole by `python benchmarks/coverage.py` from `coverage/*.json` (one file per replica; "
@@ -597,8 +647,10 @@ def page(out: Path) -> str:
              "with σ's Welch–Satterthwaite degrees of freedom: the drift and noise parts are not sampled); the "
              "columns ±k68σ and ±k95σ are their coverage (targets 68 % and 95 %). Where drift and noise weigh in, "
              "real pulls are narrower than the exact-σ row. σ is recomputed from each record's parts under "
-             "analyze's current rule (the drift counts only where the parameter still moves), so records made "
-             "under an older rule read alike.", "",
+             "analyze's current rule (the drift counts only where the parameter still moves; the spread part is "
+             "at least the data's floor where the Cramér-Rao bound is known, docs/analysis.md), so records made "
+             "under an older rule read alike; proxy1d's records from before its Fisher information get their bound "
+             "here, from their p̂ and size, as analyze computes it now.", "",
              f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
              f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "
              "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", "",

@@ -149,7 +149,8 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "drift_added": u.drift_added, "sampling": u.sampling,
                         "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
-                        "dof": u.dof, "k68": u.k68, "k95": u.k95, "cramer_rao": u.cramer_rao, "notes": u.notes},
+                        "dof": u.dof, "k68": u.k68, "k95": u.k95, "cramer_rao": u.cramer_rao,
+                        "floored": u.floored, "notes": u.notes},
         "convergence": conv,
         "rmse_vs_spread": rs,
         "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
@@ -316,6 +317,11 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                          "the Fisher information at p̂): " + ", ".join(
                              f"{n} {_g(b)} (σ/bound {_f(s / b if b and s is not None else None, '.2f')})"
                              for n, b, s in zip(summary["parameters"], cr, u["sigma"])))
+            low = [n for n, x in zip(summary["parameters"], u.get("floored") or []) if x]
+            if low:
+                lines.append("- σ's spread part is the data's floor, not the members' (they agree more than the data "
+                             "allow; the bound with what the members' subsets add, stats.data_floor): "
+                             + ", ".join(low))
         lines += [f"- {c['message']}" for c in g["convergence"] if c["moving"] is not False]
     return lines
 

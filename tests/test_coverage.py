@@ -4,6 +4,7 @@ import copy
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import coverage
@@ -189,3 +190,24 @@ def test_a_seed_offset_trains_other_noise_on_the_same_data(tmp_path):
     assert "seed_offset" not in coverage.profile(plain, "smear1d")  # older profiles keep their ids
     assert coverage.record_path(tmp_path, args, "smear1d", 2).name == f"smear1d-run-{prof['id']}-002.json"
     assert "training seed 1000+k+1000" in coverage.seeds_of(prof)
+
+
+def test_the_pages_sigma_is_analyzes_rule_from_a_records_parts():
+    """benchmarks/coverage.parts_now replays stats.uncertainty from what a record keeps: the same sigma and dof for
+    members above and below the data's floor, and for one coupled run whose ranks' spread is training noise."""
+    from sagips.analysis import stats
+
+    values = np.array([[1.0, 10.0], [1.001, 10.4], [0.999, 9.6], [1.0, 10.0]])
+    bound, drift, mc = np.array([0.05, 0.05]), np.array([0.0, 0.3]), np.array([0.01, 0.02])
+    u = stats.uncertainty(values, np.full(2, np.nan), 1, drift, 0.5, True, mc, bound=bound)
+    rec = {"subset_fraction": 0.5, "profile": {"set": [], "members": 4},
+           "gan": {"spread_from": "members", "members": u.members.tolist(), "drift": drift.tolist(),
+                   "sampling": mc.tolist(), "n_members": 4, "cramer_rao": bound.tolist(), "sigma": u.sigma.tolist()}}
+    for i in range(2):
+        sigma, spread, floored = coverage.parts_now(rec, i)
+        assert sigma == pytest.approx(u.sigma[i], rel=1e-12) and floored == bool(u.floored[i])
+    one = stats.uncertainty(values[:1], np.array([0.02, 0.03]), 4, drift, stats.seen_fraction(0.5, 4), True, mc,
+                            bound=bound)
+    rec["gan"].update(spread_from="ranks", ranks=[0.02, 0.03], n_members=1)
+    for i in range(2):
+        assert coverage.sigma_now(rec, i) == pytest.approx(one.sigma[i], rel=1e-12)

@@ -34,3 +34,25 @@ def test_covariance_is_the_fisher_information_restricted_to_fixed_norms():
     assert np.all(np.diag(v) > 0) and np.allclose(c @ v, 0, atol=1e-9 * np.abs(v).max())  # no motion of the norms
     # 4x the events: sigma / 2
     assert np.allclose(lc._covariance(x, 4 * counts, truth.numpy()), v / 4, rtol=1e-9)
+
+
+def test_the_environments_fisher_gives_the_constrained_fits_bound():
+    """Proxy1D.fisher (what sagips.analyze's Cramér-Rao bound and correlation check read): its bound equals the ML
+    fit's covariance with both norms held, at expected counts (exactly) and on events drawn by the sampler (the
+    observed information, to its sampling error)."""
+    from sagips.analysis import stats
+    from sagips_environments.proxy1d import Proxy1D
+
+    cfg = load(str(lc.ROOT / "configs" / "proxy1d-quick.yaml"), ["environment.grid_points=200"]).environment
+    x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
+    env = Proxy1D(cfg, "cpu", 0)
+    for p in (np.array(cfg.true_params), np.array([1.5, -0.3, 2.5, 0.5, 0.6, 4.4])):
+        q = torch.tensor(p, dtype=torch.float64)
+        cdf = theory.norms_and_cdf(q[None], x)[1][0]
+        n = 1.0e6
+        expected = np.sqrt(np.diag(lc._covariance(x, n * (cdf[:, 1:] - cdf[:, :-1]), p)))
+        np.testing.assert_allclose(stats.cramer_rao(env.fisher(p), int(n)), expected, rtol=1e-4)
+    arrays, _ = Proxy1D.generate_reference(cfg, 3, 400_000)
+    truth = np.array(cfg.true_params)
+    observed = np.sqrt(np.diag(lc.ml_covariance(arrays["events"].astype(np.float64), cfg, truth)))
+    np.testing.assert_allclose(stats.cramer_rao(env.fisher(truth), 400_000), observed, rtol=0.08)

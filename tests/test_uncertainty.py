@@ -37,9 +37,9 @@ def fixed_generator(env, p):
     return G
 
 
-def write_run(path, mode, preds, seed=1, member=0, split=None):
+def write_run(path, mode, preds, seed=1, member=0, split=None, events=None):
     """preds: {epoch: (R, 6)} -> a sagips.run output directory with R ranks; split = [index, parts] of
-    ensemble.data=split."""
+    ensemble.data=split; events: the reference data's size in run.json (what analyze's Cramér-Rao bound needs)."""
     env, cfg = proxy1d()
     ranks = len(next(iter(preds.values())))
     info = {"environment": "proxy1d", "mode": mode, "world_size": ranks, "member": member,
@@ -47,6 +47,8 @@ def write_run(path, mode, preds, seed=1, member=0, split=None):
     if split is not None:
         info["config"]["ensemble"] = {"data": "split"}
         info["reference_data"] = {"split": list(split)}
+    if events is not None:
+        info.setdefault("reference_data", {})["events"] = events
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps(info))
     for epoch, rows in preds.items():
@@ -369,3 +371,62 @@ def test_the_cramer_rao_bound_and_its_note():
         assert [n.split(":")[0] for n in notes] == ["a", "b"] and "Cramér-Rao bound" in notes[0]
         assert stats.below_cramer_rao(["a", "b"], bound * edge * 1.01, bound, m) == []
     assert stats.below_cramer_rao(["a"], bound[:1] * 0.01, bound[:1], 1) == []
+
+
+def test_the_datas_floor_by_hand():
+    """data_floor: the bound, times sqrt(1 + (1/seen - 1)/M) for members that share one data set in half-samples;
+    the bound itself for disjoint parts, for members that all saw everything, or an unknown fraction."""
+    b = np.array([0.2, 0.05])
+    np.testing.assert_allclose(stats.data_floor(b, 0.5, 4, True), b * math.sqrt(1.25), rtol=1e-12)
+    np.testing.assert_allclose(stats.data_floor(b, 0.8, 1, True), b / math.sqrt(0.8), rtol=1e-12)  # one run
+    for seen, shared in ((0.5, False), (1.0, True), (None, True)):
+        np.testing.assert_allclose(stats.data_floor(b, seen, 4, shared), b, rtol=0)
+    # members whose scatter holds the data's error: the larger part (a NaN members part: the floor)
+    spread, low = stats.spread_with_floor(np.array([0.1, 0.3, np.nan]), np.array([0.2, 0.2, 0.2]), True)
+    np.testing.assert_allclose(spread, [0.2, 0.3, 0.2])
+    assert list(low) == [True, False, True]
+    # members that hold only training noise: the data's error adds in quadrature, nothing is replaced
+    spread, low = stats.spread_with_floor(np.array([0.3, 0.0]), np.array([0.4, 0.4]), False)
+    np.testing.assert_allclose(spread, [0.5, 0.4])
+    assert not low.any()
+
+
+def test_sigma_is_floored_at_the_datas_error():
+    """stats.uncertainty with a bound: four members on half-samples that agree more than the data allow get the
+    data's floor as their spread part (not sampled: dof inf); a parameter above it keeps the members; one coupled run
+    adds the floor of what it saw to its ranks' spread, and says so."""
+    values = np.array([[1.0, 10.0], [1.001, 10.4], [0.999, 9.6], [1.0, 10.0]])
+    bound = np.array([0.05, 0.05])
+    u = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound)
+    s = values.std(axis=0, ddof=1)
+    floor = bound * math.sqrt(1 + (1 / 0.5 - 1) / 4)
+    np.testing.assert_allclose(u.members, s * math.sqrt(1 + 1 / 4), rtol=1e-12)
+    assert u.members[0] < floor[0] and u.members[1] > floor[1]
+    np.testing.assert_allclose(u.sigma, [floor[0], u.members[1]], rtol=1e-12)
+    assert list(u.floored) == [True, False] and u.dof[0] == math.inf and u.dof[1] == pytest.approx(3)
+    assert u.k68[0] == pytest.approx(1.0, abs=1e-6)
+    plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True)
+    assert plain.floored is None and plain.sigma[0] == pytest.approx(u.members[0])
+    # one coupled run of 4 ranks, each keeping half: seen 0.8; the ranks' spread is training noise
+    one = stats.uncertainty(values[:1], np.array([0.02, 0.02]), 4, np.zeros(2), 0.8, True, bound=bound)
+    np.testing.assert_allclose(one.sigma, np.sqrt((0.02 / 2) ** 2 + bound ** 2 / 0.8), rtol=1e-12)
+    assert one.spread_from == "ranks" and "Cramér-Rao" in one.notes[0] and "lower bound" in one.notes[0]
+
+
+def test_analyze_floors_members_that_agree_more_than_proxy1ds_data_allow(tmp_path, truth):
+    """The wiring, end to end: proxy1d's Fisher information (tests/test_ml_covariance.py checks it against the ML
+    fit) gives analyze the bound of the run's 10,000 events; four members 1e-5 apart are far below it, so sigma is
+    the data's floor for every parameter, and the summary says so."""
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 1e-5
+    for m in range(4):
+        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
+                  events=10_000)
+    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
+                 "--final-noise-samples", "4"]) == 0
+    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    env, _ = proxy1d()
+    bound = stats.cramer_rao(env.fisher(np.array(u["p_hat"])), 10_000)
+    np.testing.assert_allclose(u["cramer_rao"], bound, rtol=1e-6)
+    np.testing.assert_allclose(u["sigma"], bound * math.sqrt(1 + 1 / 4), rtol=1e-4)  # seen 0.5, M = 4
+    assert u["floored"] == [True] * 6 and u["dof"] == [None] * 6  # inf in JSON
+    assert "σ's spread part is the data's floor" in (tmp_path / "rep" / "summary.md").read_text()

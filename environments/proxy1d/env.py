@@ -214,6 +214,39 @@ class Proxy1D(Environment):
     def events_per_epoch(self) -> int:
         return self._n_fake
 
+    # -- the data's information (sagips.analyze: the Cramér-Rao bound, the correlation check) --------------------
+    #: how much sharper than the events the reference's norms count in `fisher` (they are known exactly)
+    NORM_SHARPNESS = 1e6
+
+    def fisher(self, p: Any) -> np.ndarray:
+        """The information per event (6, 6) at physical parameters p, in float64 on the CPU.
+
+        An event is two independent draws, x ~ sigma1 and x ~ sigma2, from the sampler's density, which is uniform
+        inside each cell of the grid (the inverse of a piecewise-linear CDF). So the cells' probabilities P_kc hold
+        all of it: I = sum over both observables and all cells of grad P grad P^T / P (exact, no binning loss).
+        The shapes leave the amplitudes' scale open; the reference's two norms fix it (the generator's norm loss,
+        and the ML fit's constraints in benchmarks/loop_closure.py). They enter as a measurement NORM_SHARPNESS
+        times sharper than the events' information, so that the Cramér-Rao bound is the constrained fit's."""
+        cfg = self.cfg
+        x = theory.make_grid(cfg.grid_points, cfg.x_min, cfg.x_max, dtype=torch.float64)
+        logs = theory.grid_logs(x)
+        q = torch.as_tensor(np.asarray(p, dtype=np.float64).reshape(-1))
+
+        def cells(v: torch.Tensor) -> torch.Tensor:
+            cdf = theory.norms_and_cdf(v[None], x, logs)[1][0]
+            return (cdf[:, 1:] - cdf[:, :-1]).reshape(-1)
+
+        def norms(v: torch.Tensor) -> torch.Tensor:
+            n = theory.norms_and_cdf(v[None], x, logs)[0][0]
+            return n / n.detach()  # relative: the constraint weighs both norms alike
+
+        prob, grad = cells(q), torch.func.jacfwd(cells)(q)  # forward mode: 6 inputs, 2 x (G - 1) outputs
+        keep = prob > 0
+        info = (grad[keep].T / prob[keep]) @ grad[keep]
+        c = torch.func.jacfwd(norms)(q)
+        sharp = self.NORM_SHARPNESS * torch.trace(info) / torch.trace(c.T @ c)
+        return (info + sharp * c.T @ c).numpy()
+
     # -- quality -----------------------------------------------------------------------------------------------
     def truth(self) -> list[float]:
         return list(self.cfg.true_params)

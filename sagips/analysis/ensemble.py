@@ -459,18 +459,20 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
-    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling)
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
+    bound, notes = None, []
     if final is not None and isinstance(final.fisher, str):
-        u.notes.append(final.fisher)
+        notes.append(final.fisher)
     elif final is not None and final.fisher is not None:
-        u.notes.extend(stats.correlated_pairs(final.fisher, names, preconditioned=final.preconditioned))
+        notes.extend(stats.correlated_pairs(final.fisher, names, preconditioned=final.preconditioned))
         sizes = {(r.info.get("reference_data") or {}).get("events") for r in g.runs}
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
-        u.cramer_rao = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
-        if (u.cramer_rao is not None and u.spread_from == "members"
-                and not any(stats.NO_STATISTICS in n for n in u.notes)):  # (sigma without the data's error: noted)
-            u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members))
+        bound = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
+    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound)
+    u.notes.extend(notes)
+    if (u.cramer_rao is not None and u.spread_from == "members"
+            and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
+        u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -269,12 +269,16 @@ class Uncertainty:
     notes: list[str]      #: what sigma does not contain, in words
     #: (P,) the Cramér-Rao bound of the data set (`cramer_rao`; density environments), or None
     cramer_rao: np.ndarray | None = None
+    #: (P,) bool: the spread part is the data's floor (`data_floor`), not the members' scatter; None: no floor known
+    floored: np.ndarray | None = None
 
     @property
     def dof(self) -> np.ndarray:
         """Degrees of freedom of sigma, per parameter (`effective_dof`): M - 1 and more where the fixed drift and
-        noise parts weigh in; inf where sigma does not come from members' scatter."""
-        return effective_dof(self.spread, self.sigma, self.n_members, self.spread_from == "members")
+        noise parts weigh in; inf where sigma does not come from members' scatter (or its spread is the data's
+        floor, which is not sampled)."""
+        d = effective_dof(self.spread, self.sigma, self.n_members, self.spread_from == "members")
+        return d if self.floored is None else np.where(self.floored, math.inf, d)
 
     @property
     def k68(self) -> np.ndarray:
@@ -305,10 +309,12 @@ NO_STATISTICS = "sigma holds their training noise but no statistical error of th
 
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
-                seen: float | None, shared_data: bool, sampling: np.ndarray | None = None) -> Uncertainty:
+                seen: float | None, shared_data: bool, sampling: np.ndarray | None = None,
+                bound: np.ndarray | None = None) -> Uncertainty:
     """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
-    of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`) and the Monte-Carlo error `sampling` (P,) of the
-    noise average (see `noise_sampling_error`; None: 0)."""
+    of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`), the Monte-Carlo error `sampling` (P,) of the
+    noise average (see `noise_sampling_error`; None: 0) and the data set's Cramér-Rao bound `bound` (P,) (density
+    environments; None: unknown), which floors the members' part (`data_floor`, `spread_with_floor`)."""
     v = np.asarray(member_values, dtype=np.float64)
     m = v.shape[0]
     p_hat = v.mean(axis=0)
@@ -330,9 +336,59 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
-    added = drift_in_sigma(dr, spread, source == "members")
-    sigma = np.sqrt(spread ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2)
-    return Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
+    floored = None
+    if bound is not None and source == "members":
+        holds = not (shared_data and (seen is None or seen >= 1.0))
+        spread, floored = spread_with_floor(members, data_floor(bound, seen, m, shared_data), holds)
+        if not holds:
+            notes[-1] = ("the members all learn from the whole data set: their scatter holds their training noise, "
+                         "and sigma adds the data's Cramér-Rao bound to it")
+    elif bound is not None and source == "ranks":  # one member: the ranks' spread is training noise, the data add
+        spread, floored = spread_with_floor(spread, data_floor(bound, seen, 1, True), False)
+        notes[-1] = ("one member: sigma holds the spread of its ranks (training noise) and the data's Cramér-Rao "
+                     "bound for what the run learned from, the error of an efficient fit: a lower bound where the "
+                     "GAN falls short of that; train several members (--ensemble-size, or runs with different --seed)")
+    sigma, added = compose_sigma(spread, dr, mc, source == "members")
+    u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
+    u.cramer_rao, u.floored = (None if bound is None else np.asarray(bound, dtype=np.float64)), floored
+    return u
+
+
+def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(sigma, drift added (P,) bool): sigma = sqrt(spread^2 + drift^2 [where `drift_in_sigma`] + sampling^2)."""
+    sp, dr, mc = (np.abs(np.asarray(v, dtype=np.float64)) for v in (spread, drift, sampling))
+    added = drift_in_sigma(dr, sp, from_members)
+    return np.sqrt(sp ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2), added
+
+
+def data_floor(bound: np.ndarray, seen: float | None, n_members: int, shared_data: bool) -> np.ndarray:
+    """The smallest statistical error of the members' mean p^ that its data allow (P,), from the Cramér-Rao bound
+    of all the data set's events (`cramer_rao`: no unbiased fit to them does better). Members that share the data
+    set, each learning from a random fraction `seen` < 1 of it, leave bound^2 (1/seen - 1)/M more in their mean
+    (`members_factor`'s half-sampling term); members on disjoint parts of it, or that all learn from all of it
+    (or `seen` unknown): the bound itself."""
+    b = np.asarray(bound, dtype=np.float64)
+    if shared_data and seen is not None and seen < 1.0:
+        return b * math.sqrt(1.0 + (1.0 / seen - 1.0) / max(1, int(n_members)))
+    return b
+
+
+def spread_with_floor(members: np.ndarray, floor: np.ndarray, holds_statistics: bool
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(spread part of sigma, replaced (P,) bool) from the members' part and the data's floor (`data_floor`).
+    Where the members' scatter holds the data's error (half-sampling, disjoint parts), the spread is the larger of
+    the two: members that agree more than the data allow stopped together short of the data's maximum, and a member
+    part below the floor is an underestimate whatever the reason. Where it holds none (every member learned from all
+    the data, NO_STATISTICS), the floor is the data's error and adds in quadrature to the training noise (replaced:
+    none, the members' part is still in it)."""
+    m = np.asarray(members, dtype=np.float64)
+    f = np.asarray(floor, dtype=np.float64)
+    ok = np.isfinite(f)
+    if not holds_statistics:
+        return np.where(ok, np.sqrt(np.nan_to_num(m) ** 2 + np.where(ok, f, 0.0) ** 2), m), np.zeros(m.shape, bool)
+    low = ok & ~(m >= f)  # (a NaN members part: the floor)
+    return np.where(low, f, m), low
 
 
 def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
@@ -456,9 +512,9 @@ def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarra
         if math.isfinite(s) and s < limit * b:
             out.append(f"{name}: the members' part of sigma, {s:.3g}, is below the Cramér-Rao bound {b:.3g} of the "
                        f"data (the Fisher information of all its events at p^): the members agree more than the data "
-                       f"allow, so they may have stopped together short of the data's maximum; quote at least the "
-                       f"bound, and check that members started apart (environment.g_start) meet (docs/analysis.md, "
-                       f"\"What σ cannot see\")")
+                       f"allow, so they may have stopped together short of the data's maximum; sigma quotes the "
+                       f"data's floor instead, and members started apart (environment.g_start) should meet "
+                       f"(docs/analysis.md, \"What σ cannot see\")")
     return out
 
 
