@@ -345,6 +345,8 @@ def test_strongly_correlated_parameters_get_a_note():
     assert "train with environment.precondition=fisher" in note
     (pre,) = stats.correlated_pairs(np.linalg.inv(cov), names, preconditioned=True)
     assert "were preconditioned" in pre and "environment.g_start" in pre
+    (bare,) = stats.correlated_pairs(np.linalg.inv(cov), names, options=False)  # proxy1d: neither option exists
+    assert "environment." not in bare and "other seeds" in bare
     assert stats.correlated_pairs(np.linalg.inv(np.eye(3) * 4), names) == []
     singular = np.array([[1.0, 1.0], [1.0, 1.0]])
     assert "singular" in stats.correlated_pairs(singular, names[:2])[0]

@@ -404,6 +404,7 @@ class FinalPrediction:
     fisher: np.ndarray | str | None = None  #: (P, P) the data's information per event at p^ (density
     #: environments), or why it could not be computed
     preconditioned: bool = False  #: the runs trained with environment.precondition=fisher
+    options: bool = True  #: the environment has environment.precondition and g_start (stats.correlated_pairs)
 
 
 def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalPrediction:
@@ -423,7 +424,8 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
         ranks.append(per_rank)
     p_hat = (acc / weight).mean(axis=0)
     return FinalPrediction(epoch, noise_samples, ranks, stats.noise_sampling_error((acc / weight)[None]),
-                           _fisher_at(predictors[0].env, p_hat), all(pr.preconditioned for pr in predictors))
+                           _fisher_at(predictors[0].env, p_hat), all(pr.preconditioned for pr in predictors),
+                           hasattr(getattr(predictors[0].env, "cfg", None), "precondition"))
 
 
 def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
@@ -464,7 +466,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     if final is not None and isinstance(final.fisher, str):
         notes.append(final.fisher)
     elif final is not None and final.fisher is not None:
-        notes.extend(stats.correlated_pairs(final.fisher, names, preconditioned=final.preconditioned))
+        notes.extend(stats.correlated_pairs(final.fisher, names, preconditioned=final.preconditioned,
+                                            options=final.options))
         sizes = {(r.info.get("reference_data") or {}).get("events") for r in g.runs}
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
         bound = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))

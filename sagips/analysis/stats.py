@@ -424,12 +424,14 @@ def inverse_information(fisher: np.ndarray) -> np.ndarray | None:
 
 
 def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float = CORRELATION_WARN,
-                     preconditioned: bool = False) -> list[str]:
+                     preconditioned: bool = False, options: bool = True) -> list[str]:
     """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
     (P, P) reaches `threshold`: along such a valley a fit with plain gradients converges slowly, members that start
     together can stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot
     see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
-    (the note then says so, and names the check that remains)."""
+    (the note then says so, and names the check that remains). `options`: the environment has
+    environment.precondition and environment.g_start (ParametricEnvironment); otherwise (proxy1d) the note names
+    the checks that need neither."""
     if not np.all(np.isfinite(np.asarray(fisher, dtype=np.float64))):
         return []
     cov = inverse_information(fisher)
@@ -443,10 +445,14 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
                   "which moves the fit along "
                   "such a valley; to check that it got there, start members apart (environment.g_start) and see "
                   "that they meet")
-    else:
+    elif options:
         advice = ("along such a valley a fit with plain gradients converges slowly, members that start together "
                   "can stop together short of the data's maximum, and sigma then misses it: train with "
                   "environment.precondition=fisher, or check that members started apart (environment.g_start) meet")
+    else:
+        advice = ("along such a valley a fit with plain gradients converges slowly, and members that start together "
+                  "can stop together short of the data's maximum (sigma keeps at least the data's floor, below): "
+                  "check that runs with other seeds meet, and that the parameters no longer move")
     out = []
     for i in range(len(d)):
         for j in range(i + 1, len(d)):
