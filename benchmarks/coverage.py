@@ -305,9 +305,9 @@ def stats_of(recs: list[dict]) -> list[dict]:
         # the intervals analyze quotes: +-k68 sigma and +-k95 sigma, Student's t with sigma's degrees of freedom,
         # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors);
         # a spread that is the data's floor is not sampled (stats.Uncertainty.dof)
-        dof = [math.inf if low else float(effective_dof([sp if sp == sp else 0.0], [sg], r["gan"]["n_members"],
-                                                        r["gan"]["spread_from"] == "members")[0])
-               for r, (sg, sp, low) in zip(recs, parts)]
+        dof = [math.inf if low else float(effective_dof([r["gan"]["members"][i] or 0.0], [sg],
+                                                        r["gan"]["n_members"], r["gan"]["spread_from"] == "members")[0])
+               for r, (sg, _, low) in zip(recs, parts)]
         k68 = np.array([interval_factor(P68, d) for d in dof])
         k95 = np.array([interval_factor(P95, d) for d in dof])
         fin = np.isfinite(pull)
@@ -650,7 +650,8 @@ def page(out: Path) -> str:
              "analyze's current rule (the drift counts only where the parameter still moves; the spread part is "
              "at least the data's floor where the Cramér-Rao bound is known, docs/analysis.md), so records made "
              "under an older rule read alike; proxy1d's records from before its Fisher information get their bound "
-             "here, from their p̂ and size, as analyze computes it now.", "",
+             "here, from their p̂ and size, as analyze computes it now (toy1d's records from before analyze "
+             "recorded the bound keep σ without the floor).", "",
              f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
              f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "
              "from earlier code, and those without a commit, trained with plain gradients (coverage.notes.md).", "",

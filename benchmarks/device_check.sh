@@ -58,7 +58,7 @@ fi
 
 if want trace; then  # its output goes to steps.log whole (the device returns at most 8 files)
 log "graph_trace"
-timeout 300 python3 benchmarks/graph_trace.py --out "$OUT" ${GRAPH_TRACE_ARGS:-} 2>&1 | tee -a "$OUT/steps.log"
+timeout 400 python3 benchmarks/graph_trace.py --out "$OUT" ${GRAPH_TRACE_ARGS:-} 2>&1 | tee -a "$OUT/steps.log"
 log "graph_trace rc=${PIPESTATUS[0]}"
 fi
 

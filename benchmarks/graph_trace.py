@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 COLUMNS = ("sum_G", "sum_abs_G", "sum_D", "loss_d", "loss_g", "sum_G_eval")
 THRESHOLDS = (1e-7, 1e-5, 1e-3, 1e-2)
-MAX_EPOCHS = 4096
 
 
 def rank_main(argv: list[str]) -> int:
@@ -49,8 +48,9 @@ def rank_main(argv: list[str]) -> int:
         parts = plan(self)
 
         def fingerprint() -> None:
-            if not hasattr(self, "_trace"):
-                self._trace = torch.zeros(MAX_EPOCHS, len(COLUMNS), dtype=torch.float64, device=self.epoch_t.device)
+            n = self.cfg.train.epochs
+            if not hasattr(self, "_trace"):  # a row per epoch of the run
+                self._trace = torch.zeros(n, len(COLUMNS), dtype=torch.float64, device=self.epoch_t.device)
             G = getattr(self.G, "module", self.G)
 
             def total(ps, f=lambda t: t):
@@ -59,7 +59,7 @@ def rank_main(argv: list[str]) -> int:
             row = torch.stack([total(G.parameters()), total(G.parameters(), torch.abs), total(self.D.parameters()),
                                self._out["loss_d"].detach().double().reshape(()),
                                self._out["loss_g"].detach().double().reshape(()), total(self.G_eval.parameters())])
-            at = (self.epoch_t.long() - 1).clamp(0, MAX_EPOCHS - 1).view(1)  # the device's own epoch counter
+            at = (self.epoch_t.long() - 1).clamp(0, n - 1).view(1)  # the device's own epoch counter
             self._trace.index_copy_(0, at, row.view(1, -1))
 
         kind, fn = parts[-1]
@@ -82,6 +82,7 @@ def parting(trace: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """Per epoch, the largest relative difference of the fingerprint from `ref`, and which column it is in."""
     n = min(len(trace), len(ref))
     d = np.abs(trace[:n] - ref[:n]) / (1e-6 + np.abs(ref[:n]))
+    d = np.where(np.isfinite(d), d, np.inf)  # a run that went to NaN has parted
     return d.max(axis=1), d.argmax(axis=1)
 
 
@@ -96,6 +97,8 @@ def judge(trace: np.ndarray, ref: np.ndarray, eager_first: int, graph: bool) -> 
     the final difference, and whether a graph run parted by 1e-3 before any eager run parted by 1e-5 (`eager_first`,
     the earliest such epoch of the eager runs on this rank): not the GPU's atomics."""
     worst, col = parting(trace, ref)
+    if not len(worst):
+        raise ValueError("an empty trace: the run recorded no epoch")
     firsts = {f"{th:g}": first_over(worst, th) for th in THRESHOLDS}
     e3, e5 = firsts["0.001"], firsts["1e-05"]
     return {"first_epoch_over": firsts, "parted_first_in": COLUMNS[col[e5 - 1]] if e5 else None,

@@ -52,6 +52,8 @@ def test_the_environments_fisher_gives_the_constrained_fits_bound():
         n = 1.0e6
         expected = np.sqrt(np.diag(lc._covariance(x, n * (cdf[:, 1:] - cdf[:, :-1]), p)))
         np.testing.assert_allclose(stats.cramer_rao(env.fisher(p), int(n)), expected, rtol=1e-4)
+    # invertible over the box: a point where a 1e6 sharpness left eig_min / eig_max at 1.6e-13 (found in review)
+    assert stats.cramer_rao(env.fisher(np.array([1.894, -0.442, 0.297, 0.108, 0.601, 4.481])), 16_000_000) is not None
     arrays, _ = Proxy1D.generate_reference(cfg, 3, 400_000)
     truth = np.array(cfg.true_params)
     observed = np.sqrt(np.diag(lc.ml_covariance(arrays["events"].astype(np.float64), cfg, truth)))

@@ -308,21 +308,26 @@ def test_hvd_graph_replay_agrees_with_eager(tmp_path):  # pragma: no cover - GPU
 @CUDA
 def test_the_first_graph_replay_follows_the_recordings_own_work(tmp_path, monkeypatch):  # pragma: no cover - GPU only
     """sagips/graph.py, "The recording's own work": what torch.cuda.graph queues on the capture stream before the
-    capture (the generators' offset reset) is done before the first replay runs on the current stream. A sleep put in
-    front of it on that stream stands for a GPU that runs it late."""
-    begin = torch.cuda.CUDAGraph.capture_begin
+    capture (the generators' offset reset) is done when each replay is launched. A sleep put in front of it on that
+    stream stands for a GPU that runs it late."""
+    begin, replay = torch.cuda.CUDAGraph.capture_begin, torch.cuda.CUDAGraph.replay
+    pending = []
 
     def late(self, *args, **kwargs):
         torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time on the capture stream
         return begin(self, *args, **kwargs)
 
+    def checked(self):
+        pending.append(not tr.graphs.stream.query())
+        return replay(self)
+
     monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", late)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", checked)
     tr = make_trainer(tmp_path, PROXY + ["train.cuda_graph=on"], device="cuda")
-    for e in range(1, tr.cfg.train.cuda_graph_warmup + 2):
+    for e in range(1, tr.cfg.train.cuda_graph_warmup + 3):
         tr.step(e)
-    runner = tr.graphs
-    assert runner.record()["replays"] > 0, runner.record()
-    assert runner.stream.query(), "a replay was queued before the recording's own work on the capture stream was done"
+    assert tr.graphs.record()["replays"] == len(pending) > 0, tr.graphs.record()
+    assert not any(pending), "a replay was launched before the recording's own work on the capture stream was done"
 
 
 @CUDA

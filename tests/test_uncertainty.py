@@ -407,12 +407,23 @@ def test_sigma_is_floored_at_the_datas_error():
     np.testing.assert_allclose(u.sigma, [floor[0], u.members[1]], rtol=1e-12)
     assert list(u.floored) == [True, False] and u.dof[0] == math.inf and u.dof[1] == pytest.approx(3)
     assert u.k68[0] == pytest.approx(1.0, abs=1e-6)
+    # members that all saw the whole data set: the bound adds in quadrature, and it is known, so sigma's degrees of
+    # freedom are the members' part's (Welch-Satterthwaite), not M - 1
+    whole = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 1.0, True, bound=bound)
+    m = s / 2  # members_factor: 1/sqrt(M)
+    np.testing.assert_allclose(whole.sigma, np.sqrt(m ** 2 + bound ** 2), rtol=1e-12)
+    np.testing.assert_allclose(whole.dof, 3 * (whole.sigma / m) ** 4, rtol=1e-12)
+    assert not whole.floored.any() and "Cramér-Rao bound to it" in whole.notes[0]
     plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True)
     assert plain.floored is None and plain.sigma[0] == pytest.approx(u.members[0])
     # one coupled run of 4 ranks, each keeping half: seen 0.8; the ranks' spread is training noise
     one = stats.uncertainty(values[:1], np.array([0.02, 0.02]), 4, np.zeros(2), 0.8, True, bound=bound)
     np.testing.assert_allclose(one.sigma, np.sqrt((0.02 / 2) ** 2 + bound ** 2 / 0.8), rtol=1e-12)
     assert one.spread_from == "ranks" and "Cramér-Rao" in one.notes[0] and "lower bound" in one.notes[0]
+    # its convergence is judged against the larger of its ranks' spread and the data's bound, each named
+    conv = stats.convergence(["a"], [800, 900, 1000], np.array([[0.0], [0.01], [0.02]]), np.array([0.01]),
+                             lower_bound=True, floor=np.array([0.05]))
+    assert conv[0]["sigma"] == 0.05 and "Cramér-Rao" in conv[0]["message"] and conv[0]["moving"] is False
 
 
 def test_analyze_floors_members_that_agree_more_than_proxy1ds_data_allow(tmp_path, truth):

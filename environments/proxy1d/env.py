@@ -215,8 +215,9 @@ class Proxy1D(Environment):
         return self._n_fake
 
     # -- the data's information (sagips.analyze: the Cramér-Rao bound, the correlation check) --------------------
-    #: how much sharper than the events the reference's norms count in `fisher` (they are known exactly)
-    NORM_SHARPNESS = 1e6
+    #: how much sharper than the events the reference's norms count in `fisher` (they are known exactly): the bound
+    #: is then the constrained fit's to ~3e-5, and the matrix stays invertible over the box (1e6 did not everywhere)
+    NORM_SHARPNESS = 1e4
 
     def fisher(self, p: Any) -> np.ndarray:
         """The information per event (6, 6) at physical parameters p, in float64 on the CPU.

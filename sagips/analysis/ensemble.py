@@ -475,11 +475,14 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     u.notes.extend(notes)
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
-        u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members))
+        u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members,
+                                              options=final is None or final.options))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
-    return u, stats.convergence(names, g.epochs, series, u.spread, fraction, lower_bound=u.spread_from == "ranks",
+    # one run: its ranks' spread and the data's bound are weighed apart (the larger judges, stats.convergence)
+    spread = u.ranks / np.sqrt(max(1, n_ranks)) if u.spread_from == "ranks" else u.spread
+    return u, stats.convergence(names, g.epochs, series, spread, fraction, lower_bound=u.spread_from == "ranks",
                                 floor=u.cramer_rao)
 
 

@@ -277,8 +277,9 @@ class Uncertainty:
         """Degrees of freedom of sigma, per parameter (`effective_dof`): M - 1 and more where the fixed drift and
         noise parts weigh in; inf where sigma does not come from members' scatter (or its spread is the data's
         floor, which is not sampled)."""
-        d = effective_dof(self.spread, self.sigma, self.n_members, self.spread_from == "members")
-        return d if self.floored is None else np.where(self.floored, math.inf, d)
+        # the sampled part: the members' (a floor that replaced it, or that adds to it, is known, not sampled)
+        sampled = self.spread if self.floored is None else np.where(self.floored, 0.0, self.members)
+        return effective_dof(sampled, self.sigma, self.n_members, self.spread_from == "members")
 
     @property
     def k68(self) -> np.ndarray:
@@ -502,13 +503,13 @@ def chi2_quantile(q: float, dof: float) -> float:
 
 
 def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarray, n_members: int,
-                     p: float = BOUND_P) -> list[str]:
+                     p: float = BOUND_P, options: bool = True) -> list[str]:
     """A note per parameter whose members part of sigma (the members' scatter turned into the error of their
     mean: the part that holds the data's statistical error) is below its Cramér-Rao bound by more than its sampling
     explains: members^2 / bound^2 below the p-quantile of chi^2_(M-1) / (M-1) (a members part that is exactly
     right falls under 0.20 bound at M = 4, and under 0.42 bound at M = 8, with probability 1 %). The drift and
     Monte-Carlo parts are not the data's error and do not count. Members that agree more than the data allow have
-    stopped together short of the data's maximum."""
+    stopped together short of the data's maximum. `options`: as in `correlated_pairs`."""
     if n_members < 2:
         return []
     k = n_members - 1
@@ -519,7 +520,8 @@ def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarra
             out.append(f"{name}: the members' part of sigma, {s:.3g}, is below the Cramér-Rao bound {b:.3g} of the "
                        f"data (the Fisher information of all its events at p^): the members agree more than the data "
                        f"allow, so they may have stopped together short of the data's maximum; sigma quotes the "
-                       f"data's floor instead, and members started apart (environment.g_start) should meet "
+                       f"data's floor instead, and members started apart "
+                       f"{'(environment.g_start) ' if options else '(other seeds) '}should meet "
                        f"(docs/analysis.md, \"What σ cannot see\")")
     return out
 
@@ -556,6 +558,9 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     s = np.asarray(series, dtype=np.float64)
     moved, e0, e1 = drift(epochs, s, fraction)
     pct = f"{100 * fraction:.0f} %"
+    # where fewer than two checkpoints fall in the last `fraction`, the window reaches back to the last two
+    over = (f"between its last two checkpoints (too few in the last {pct} of epochs: lower train.checkpoint_every)"
+            if len(s) >= 2 and e0 < (1.0 - fraction) * e1 else f"over the last {pct} of epochs")
     out = []
     for i, name in enumerate(names):
         mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
@@ -569,25 +574,25 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             sg = sg if by_ranks else fl  # (the sigma it is judged against, as in the other branches)
             z = abs(mv) / sg
             moving = z > threshold
-            msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}; σ {what}): {advice}" if moving
-                   else f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1}; σ {what})")
+            msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}; σ {what}): {advice}" if moving
+                   else f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1}; σ {what})")
         elif len(s) < 2:
             z, moving = None, None
             msg = f"{name}: too few checkpoints to judge whether it still moves (keep train.checkpoint_every small)"
         elif not (math.isfinite(sg) and sg > 0):
             z, moving = None, None
             rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
-            msg = (f"{name} moved {mv:+.3g}{rel} over the last {pct} of epochs ({e0}-{e1}); no spread between members "
+            msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}); no spread between members "
                    f"to judge it against: train several members and run sagips.analyze")
         else:
             z = abs(mv) / sg
             moving = z > threshold
-            msg = (f"{name} moved {z:.1f}σ over the last {pct} of epochs ({e0}-{e1}): {advice}" if moving else
-                   f"{name}: converged (moved {z:.1f}σ over the last {pct} of epochs, {e0}-{e1})")
+            msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}): {advice}" if moving else
+                   f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1})")
             if moving and lower_bound:  # seen: make run near the data's ML floor, told to train longer at 3-11x
                 rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
                 moving = None
-                msg = (f"{name} moved {mv:+.3g}{rel} over the last {pct} of epochs ({e0}-{e1}), {z:.1f}x the ranks' "
+                msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}), {z:.1f}x the ranks' "
                        f"spread, which is only a lower bound of σ here: to judge it, train several members "
                        f"(--ensemble-size) and run sagips.analyze")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
