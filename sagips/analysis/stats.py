@@ -324,31 +324,31 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
     members = scatter * factor
     ranks = np.asarray(rank_sigma, dtype=np.float64)
     dr = np.abs(np.asarray(moved, dtype=np.float64))
-    notes = []
+    notes, floored = [], None
+    whole = shared_data and (seen is None or seen >= 1.0)  # every member learned from all the data
     if m >= 2:
         spread, source = members, "members"
-        if shared_data and (seen is None or seen >= 1.0):
-            notes.append(f"the members all learn from the whole data set: {NO_STATISTICS}")
+        if bound is not None:  # the data's floor (`data_floor`): the larger part, or added to training noise alone
+            spread, floored = spread_with_floor(members, data_floor(bound, seen, m, shared_data), not whole)
+        if whole:
+            notes.append(f"the members all learn from the whole data set: {NO_STATISTICS}" if bound is None else
+                         "the members all learn from the whole data set: their scatter holds their training noise, "
+                         "and sigma adds the data's Cramér-Rao bound to it")
     elif np.all(np.isfinite(ranks)):
         spread, source = ranks / math.sqrt(max(1, n_ranks)), "ranks"
-        notes.append("one member: sigma holds the spread of its ranks (training noise) but no statistical error, a "
-                     "lower bound; train several members (--ensemble-size, or runs with different --seed)")
+        if bound is None:
+            notes.append("one member: sigma holds the spread of its ranks (training noise) but no statistical error, "
+                         "a lower bound; train several members (--ensemble-size, or runs with different --seed)")
+        else:  # the ranks' spread is training noise; the data's error of what the run learned from adds to it
+            spread, floored = spread_with_floor(spread, data_floor(bound, seen, 1, True), False)
+            notes.append("one member: sigma holds the spread of its ranks (training noise) and the data's Cramér-Rao "
+                         "bound for what the run learned from, the error of an efficient fit: a lower bound where "
+                         "the GAN falls short of that; train several members (--ensemble-size, or runs with "
+                         "different --seed)")
     else:
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
-    floored = None
-    if bound is not None and source == "members":
-        holds = not (shared_data and (seen is None or seen >= 1.0))
-        spread, floored = spread_with_floor(members, data_floor(bound, seen, m, shared_data), holds)
-        if not holds:
-            notes[-1] = ("the members all learn from the whole data set: their scatter holds their training noise, "
-                         "and sigma adds the data's Cramér-Rao bound to it")
-    elif bound is not None and source == "ranks":  # one member: the ranks' spread is training noise, the data add
-        spread, floored = spread_with_floor(spread, data_floor(bound, seen, 1, True), False)
-        notes[-1] = ("one member: sigma holds the spread of its ranks (training noise) and the data's Cramér-Rao "
-                     "bound for what the run learned from, the error of an efficient fit: a lower bound where the "
-                     "GAN falls short of that; train several members (--ensemble-size, or runs with different --seed)")
     sigma, added = compose_sigma(spread, dr, mc, source == "members")
     u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
     u.cramer_rao, u.floored = (None if bound is None else np.asarray(bound, dtype=np.float64)), floored
