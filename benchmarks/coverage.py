@@ -193,6 +193,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
         prof["seed_offset"] = args.seed_offset
     if started_apart(args, case):  # the default start from STARTED_APART_FROM on: a profile of its own
         prof["g_start"] = STARTED_APART
+    if sized_by_default(args, case):  # events_per_sample=auto and 64 x 3 networks from SIZED_FROM on: the same
+        prof["sized"] = SIZED
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
@@ -204,6 +206,13 @@ def started_apart(args: argparse.Namespace, case: str) -> bool:
     environment.g_start in --set): such profiles get ids and record names of their own, apart from the records
     that the same settings made, at the box's middle, before the default changed."""
     return case in PARAMETRIC and not any(s.startswith("environment.g_start=") for s in args.set)
+
+
+def sized_by_default(args: argparse.Namespace, case: str) -> bool:
+    """Whether a ParametricEnvironment case trains with the batch and networks of today's defaults
+    (environment.events_per_sample=auto, 64 x 3), none of them named in --set."""
+    keys = ("environment.events_per_sample=", "environment.hidden=", "environment.layers=")
+    return case in PARAMETRIC and not any(s.startswith(keys) for s in args.set)
 
 
 def config_of(args: argparse.Namespace, case: str) -> str | None:
@@ -345,6 +354,10 @@ PRECONDITIONED_FROM = "c0096a6"
 #: the commit from which a ParametricEnvironment's members start apart by default (environment.g_start 0.8)
 STARTED_APART_FROM = "97ff486"
 STARTED_APART = 0.8
+#: the commit from which a ParametricEnvironment sizes its synthetic batch from the data
+#: (environment.events_per_sample=auto) and has networks of 64 x 3 (was 100 events, 128 x 4)
+SIZED_FROM = "HEAD"
+SIZED = "events_per_sample=auto, 64x3"
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
 
@@ -488,8 +501,9 @@ SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}",),
 def at_defaults(case: str, prof: dict) -> bool:
     """Whether a profile ran what a user gets today: no setting apart from restated defaults (nor another data size
     or noise batch of the study), the members started apart (a ParametricEnvironment: by the default, which implies
-    code from after the preconditioner became the default, or by --set) and, for toy1d, the Fisher preconditioner
-    (by --set, or by that same code)."""
+    code from after the preconditioner became the default, or by --set), for toy1d the Fisher preconditioner (by
+    --set, or by that same code), and, for a ParametricEnvironment, the batch sized from the data with networks of
+    64 x 3 (code from SIZED_FROM on, nothing of them in --set)."""
     if any(s not in SAME_AS_DEFAULT.get(case, ()) for s in prof["set"]):
         return False
     d = parse_args([])  # the study's own defaults: the data's size, and p^ on the final noise batch
@@ -500,6 +514,8 @@ def at_defaults(case: str, prof: dict) -> bool:
         return True
     by_default = "g_start" in prof
     if not (by_default or f"environment.g_start={STARTED_APART}" in prof["set"]):
+        return False
+    if "sized" not in prof:  # trained before the batch was sized from the data
         return False
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 

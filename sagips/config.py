@@ -179,7 +179,10 @@ class Config:
 
 # --------------------------------------------------------------------------------------------- validation
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    if get_origin(tp) is Literal:  # the named values: 'auto'
+        return " or ".join(repr(v) for v in get_args(tp))
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    return names.get(tp) or getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -249,6 +252,8 @@ def _check_range(key: str, value: Any, meta: dict) -> None:
     for v in vals:
         if "choices" in meta and v not in meta["choices"]:
             raise ConfigError(f"{key}: must be one of {list(meta['choices'])}, got {v!r}")
+        if isinstance(v, str):  # a named choice of a numeric field (e.g. 'auto'): its type admitted it
+            continue
         if "min" in meta and v < meta["min"]:
             raise ConfigError(f"{key}: must be >= {meta['min']}, got {v!r}")
         if "max" in meta and v > meta["max"]:

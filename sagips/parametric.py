@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -45,6 +45,25 @@ from sagips.environment import Environment, EnvironmentCheckError
 from sagips.models import mlp
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
+
+
+#: environment.events_per_sample=auto (issue 36, item 3): the synthetic events of one weight-average window
+#: (param_samples x events_per_sample x the window, 1/(1 - train.ema) epochs) are this many times the events a rank
+#: keeps. A weak parameter's training noise falls as 1/sqrt(that ratio): on smear1d's resolution, one run of 4 ranks
+#: ended 1.25 sigma_ML from the data's ML fit (rms) at a ratio of 2.6 and 0.7 at 10 (coverage.notes.md)
+AUTO_EVENTS_RATIO = 10
+AUTO_EVENTS_RANGE = (100, 4096)  #: auto never goes under the old default, nor over this bound on one step's batch
+
+
+def auto_events_per_sample(events_kept: int, param_samples: int, ema: float) -> int:
+    """environment.events_per_sample=auto: the events per parameter set that make a weight-average window's
+    synthetic events AUTO_EVENTS_RATIO x the `events_kept` of a rank, within AUTO_EVENTS_RANGE (its low end without
+    a weight average, ema 0)."""
+    low, high = AUTO_EVENTS_RANGE
+    if ema <= 0:
+        return low
+    window = round(1.0 / (1.0 - ema), 6)  # 0.99 -> 100 epochs, not 99.99999999999991
+    return int(min(max(math.ceil(AUTO_EVENTS_RATIO * events_kept / (param_samples * window)), low), high))
 
 
 @dataclass
@@ -68,7 +87,12 @@ class ParametricConfig:
     reference_events: int = opt(1_000_000, "events generated when no data_file is given", min=1)
     subset_fraction: float = opt(0.5, "fraction of the reference events each rank keeps", gt=0.0, max=1.0)
     param_samples: int = opt(64, "parameter sets predicted per epoch", min=1)
-    events_per_sample: int = opt(100, "events simulated per parameter set", min=1)
+    events_per_sample: int | Literal["auto"] = opt(
+        "auto", "events simulated per parameter set; 'auto' sizes it from the data, so that a weak parameter's "
+        f"training noise falls under its statistical error: the events simulated per weight-average window "
+        f"(train.ema) are {AUTO_EVENTS_RATIO} x the events each rank keeps, within [{AUTO_EVENTS_RANGE[0]}, "
+        f"{AUTO_EVENTS_RANGE[1]}] ({AUTO_EVENTS_RANGE[0]} without a weight average); sagips.run prints and records "
+        "the value (docs/environments.md)", min=1)
     noise_dim: int = opt(0, "generator noise dimension (0 = the number of parameters)", min=0)
     noise_scale: float = opt(0.01, "standard deviation of the generator's Gaussian noise; small values make the "
                              "generator nearly one point, so that its mean prediction is not the mean of a broad "
@@ -81,8 +105,10 @@ class ParametricConfig:
                          "stop together on one side of it (toy1d: no bias along its valley; smear1d: as good as 0); 0 "
                          "starts every run at the middle of the box (docs/benchmarks/coverage.notes.md)",
                          min=0.0, max=0.99)
-    hidden: int = opt(128, "hidden width of both networks", min=1)
-    layers: int = opt(4, "hidden layers of both networks", min=1)
+    hidden: int = opt(64, "hidden width of both networks (64 x 3: a few parameters and low-dimensional events need "
+                      "less than the paper's 128 x 4; on smear1d's weak parameter 64 x 3 ended as near the ML fit, "
+                      "6x faster)", min=1)
+    layers: int = opt(3, "hidden layers of both networks", min=1)
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
     loss: str = opt("bce", "adversarial loss: 'bce' (non-saturating GAN) or 'mse' (least squares)",
                     choices=("bce", "mse"))
@@ -229,13 +255,33 @@ class ParametricEnvironment(Environment):
         self.pmax = torch.tensor([cfg.bounds[n][1] for n in self.names], device=dev)
         self.x = make_grid(cfg.grid_points, *self.support, device=dev) if self.pipeline_method == "density" else None
         self.data: torch.Tensor | None = None
-        self._n_fake = cfg.param_samples * cfg.events_per_sample
-        self._ones = torch.ones(self._n_fake, 1, device=dev)
-        self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=dev)))
+        if cfg.events_per_sample == "auto":  # provisional, from the config alone; sagips.run sizes it from the data
+            default_ema = self.config_defaults.get("train", {}).get("ema", 0.0)
+            self._set_events_per_sample(auto_events_per_sample(
+                round(cfg.subset_fraction * cfg.reference_events), cfg.param_samples, default_ema))
+        else:
+            self._set_events_per_sample(cfg.events_per_sample)
         self._density_checked = False
         #: environment.precondition=fisher: the generator's gradient times I^(-1/2) (sagips/precondition.py)
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
         self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
+
+    def _set_events_per_sample(self, n: int) -> None:
+        self.events_per_sample = int(n)
+        self._n_fake = self.cfg.param_samples * self.events_per_sample
+        self._ones = torch.ones(self._n_fake, 1, device=self.device)
+        self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=self.device)))
+
+    def size_batch(self, events_kept: int, ema: float) -> dict[str, Any] | None:
+        """environment.events_per_sample=auto, from the events this rank keeps and train.ema (auto_events_per_sample);
+        run.json's record of it (None where the config names a number)."""
+        if self.cfg.events_per_sample != "auto":
+            return None
+        self._set_events_per_sample(auto_events_per_sample(events_kept, self.cfg.param_samples, ema))
+        window = round(1.0 / (1.0 - ema), 6) if ema > 0 else None
+        return {"events_per_sample": self.events_per_sample, "events_kept": int(events_kept),
+                "param_samples": self.cfg.param_samples, "window_epochs": window,
+                "ratio": (self._n_fake * window / events_kept) if window and events_kept else None}
 
     def _events(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Events (B, E, event_width) for parameters p (B, P) and uniforms u (B, E, n_uniforms)."""
@@ -401,7 +447,7 @@ class ParametricEnvironment(Environment):
         """Synthetic events (param_samples * events_per_sample, event_width), differentiable w.r.t. G."""
         c = self.cfg
         p = self.params(G, c.param_samples).float()
-        u = torch.rand((c.param_samples, c.events_per_sample, self.n_uniforms or self.event_width),
+        u = torch.rand((c.param_samples, self.events_per_sample, self.n_uniforms or self.event_width),
                        generator=self.gen, device=self.device)
         return self._events(p, u).reshape(-1, self.event_width)
 

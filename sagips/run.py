@@ -212,7 +212,7 @@ class _Run:
         self.args, self.world, self.peer = args, world, peer
         self.phases: dict[str, float] = {}  # start-up phase -> seconds on this rank (run.json "startup")
         self._t = time.perf_counter()
-        self.topo = self.exchange = self.agreement = self.node_data = self.split = None
+        self.topo = self.exchange = self.agreement = self.node_data = self.split = self.batch_sized = None
         self.data_events: int | None = None  # events in the whole reference data set (run.json reference_data)
 
     def phase(self, name: str) -> None:
@@ -483,6 +483,10 @@ def _load_data(r: _Run) -> None:
         r.data_key.update(file=os.path.abspath(data_file) if data_file else None, subset="rows")
         r.data_events = len(next(iter(arrays.values())))
     del arrays
+    # a batch that the config leaves to the data (events_per_sample=auto), from the events a rank keeps: nominal
+    # (the same on every rank, and again on --resume), where the rows kept differ by a block between ranks
+    parts = split[2] if split is not None else 1
+    r.batch_sized = env.size_batch(max(1, round(fraction * r.data_events / parts)), cfg.train.ema)
     r.phase("reference_data")
 
 
@@ -619,7 +623,7 @@ def _describe(r: _Run) -> None:
         "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
-        "events_per_epoch": env.events_per_epoch, "batch": r.batch,
+        "events_per_epoch": env.events_per_epoch, "batch": r.batch, "batch_sized": r.batch_sized,
         "reference_fraction": getattr(r.env_cfg, "subset_fraction", None),
         # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank; with
         # data.share=node, the size of rank 0's node window (every node holds as many rows) and the ranks sharing it
@@ -836,8 +840,16 @@ def startup_line(info: dict) -> str:
     from sagips.precision import describe
 
     startup = f"{info['startup_s']:.1f} s" if info.get("startup_s") is not None else "n/a"
+    sized = info.get("batch_sized")
+    if sized and sized.get("ratio"):
+        sized = (f"; events_per_sample auto: {sized['events_per_sample']} (the synthetic events of a "
+                 f"{sized['window_epochs']:.0f}-epoch weight average: {sized['ratio']:.1f} x the "
+                 f"{sized['events_kept']:,} events a rank keeps)")
+    elif sized:
+        sized = f"; events_per_sample auto: {sized['events_per_sample']} (no weight average, train.ema 0)"
     return (f"sagips: {info['mode']} on {info['world_size']} rank(s) ({info['device']}, "
-            f"{info['threads_per_rank']} thread(s) each); {describe(info['precision'])}; start-up {startup}")
+            f"{info['threads_per_rank']} thread(s) each); {describe(info['precision'])}; start-up {startup}"
+            f"{sized or ''}")
 
 
 def write_run_json(out_dir: str, info: dict) -> None:

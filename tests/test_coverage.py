@@ -120,18 +120,28 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     assert coverage.record_path(tmp_path, args, "smear1d", 3).name == f"smear1d-{new['id']}-003.json"
     explicit = coverage.parse_args(["--case", "toy1d", "--set", "environment.precondition=fisher", "--set",
                                     "environment.g_start=0.8", "--out", str(tmp_path)])
-    assert coverage.profile(explicit, "toy1d")["id"] == "0e92873fcb71"  # an explicit start: the id its records have
+    sized = coverage.profile(explicit, "toy1d")  # the batch sized from the data (SIZED_FROM on): a profile apart
+    assert sized["sized"] == coverage.SIZED and sized["id"] != "0e92873fcb71"
+    with monkeypatch.context() as m:  # as before the batch was sized from the data
+        m.setattr(coverage, "sized_by_default", lambda a, case: False)
+        assert coverage.profile(explicit, "toy1d")["id"] == "0e92873fcb71"  # an explicit start: its records' id
+    named = coverage.parse_args(["--case", "smear1d", "--set", "environment.events_per_sample=100", "--out",
+                                 str(tmp_path)])
+    assert "sized" not in coverage.profile(named, "smear1d")  # a batch named in --set: not today's defaults
     proxy = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
     assert "g_start" not in coverage.profile(proxy, "proxy1d")  # no such option there
     assert coverage.record_path(tmp_path, proxy, "proxy1d", 0).name == "proxy1d-000.json"
-    monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the default changed
+    monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the defaults changed
+    monkeypatch.setattr(coverage, "sized_by_default", lambda a, case: False)
     assert coverage.profile(args, "smear1d")["id"] == "6acd8c3da6b4" != new["id"]  # the middle start's records
     assert coverage.record_path(tmp_path, args, "smear1d", 3).name == "smear1d-003.json"
 
 
 def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     """The page's summary picks, per case and workflow, the largest profile that ran the shipped defaults: the
-    members started apart (and toy1d preconditioned), no other setting; and says 'not measured' where none did."""
+    members started apart (and toy1d preconditioned), the batch sized from the data, no other setting; and says
+    'not measured' where none did. The records on disk are from before the batch was sized from the data: here they
+    pose as made after it (their profiles marked `sized`), and as they are, none is at today's defaults."""
     from pathlib import Path
 
     from sagips.parametric import DensityConfig, ParametricConfig
@@ -144,7 +154,11 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
 
     def records(name):
-        return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{name}-[0-9][0-9][0-9].json"))]
+        rs = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{name}-[0-9][0-9][0-9].json"))]
+        assert not any(coverage.at_defaults(r["case"], r["profile"]) for r in rs if "sized" not in r["profile"])
+        for r in rs:
+            r["profile"]["sized"] = coverage.SIZED
+        return rs
 
     default, middle = records("smear1d-3ae62d8d97a4"), records("smear1d")  # started apart / at the box's middle
     toy_now, toy_plain = records("toy1d-0e92873fcb71"), records("toy1d")  # preconditioned, apart / plain, middle
