@@ -356,7 +356,7 @@ STARTED_APART_FROM = "97ff486"
 STARTED_APART = 0.8
 #: the commit from which a ParametricEnvironment sizes its synthetic batch from the data
 #: (environment.events_per_sample=auto) and has networks of 64 x 3 (was 100 events, 128 x 4)
-SIZED_FROM = "HEAD"
+SIZED_FROM = "6aac2a4"
 SIZED = "events_per_sample=auto, 64x3"
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
