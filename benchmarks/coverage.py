@@ -384,7 +384,8 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict]) -> list[str]:
     mode = prof.get("run_mode", RUN_MODES[0])
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, {mode}, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
-             f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}{seeds_of(prof)})", "",
+             f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}"
+             f"{', batch sized from the data (the default)' if 'sized' in prof else ''}{seeds_of(prof)})", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
              f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record "
              f"without it: the ML fits' rms error over the data sets). A run "
@@ -594,7 +595,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset'}"
-                  f"{', members started apart (the default)' if 'g_start' in prof else ''}{seeds_of(prof)}, "
+                  f"{', members started apart (the default)' if 'g_start' in prof else ''}"
+                  f"{', batch sized from the data (the default)' if 'sized' in prof else ''}{seeds_of(prof)}, "
                   f"p̂ on {kf} noise vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
                   f"{code_of(rs)}.", "",
@@ -674,7 +676,12 @@ def page(out: Path) -> str:
              f"smear1d's and toy1d's members start at their own points of the box's middle 80 % by default from "
              f"commit {STARTED_APART_FROM} on (`environment.g_start=0.8`). Their profiles made before, with no "
              "`g_start` setting, started every member at the box's middle; those made after it get profiles of "
-             "their own (the heading says `members started apart`).", ""]
+             "their own (the heading says `members started apart`).", "",
+             f"smear1d and toy1d size their synthetic batch from the data by default from commit {SIZED_FROM} on "
+             "(`environment.events_per_sample=auto`: the synthetic events of a weight-average window are 10x the "
+             "events a rank keeps, 391 per parameter set for 1M events) and have networks of 64 x 3 (the presets "
+             "had them already); before, 100 events and 128 x 4. Those profiles are their own (the heading says "
+             "`batch sized from the data`); only they count as today's defaults.", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += summary(recs) + groups_tables(recs, "")
