@@ -181,7 +181,7 @@ class Config:
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:  # the named values: 'auto'
         return " or ".join(repr(v) for v in get_args(tp))
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
     return names.get(tp) or getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -122,10 +122,12 @@ class Environment(abc.ABC):
         framework broadcasts the whole file from rank 0 and calls `attach_data`."""
         raise NotImplementedError
 
-    def size_batch(self, events_kept: int, ema: float) -> dict[str, Any] | None:
+    def size_batch(self, events_kept: int, ema: float, requested: int | None = None) -> dict[str, Any] | None:
         """After the data are attached, before the trainer is built: size a batch that the config leaves to the data
         (e.g. ParametricEnvironment's events_per_sample=auto) from the events this rank keeps (nominal: the same on
-        every rank) and train.ema; run.json's record of it, or None (nothing sized)."""
+        every rank) and train.ema; `requested`: the batch (`batch_key`) as the config gives it, before
+        train.split_batch divided it among the ranks (None: not divided). run.json's record, or None (nothing
+        sized)."""
         return None
 
     def shared_state(self) -> dict[str, Any]:

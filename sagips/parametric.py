@@ -272,16 +272,19 @@ class ParametricEnvironment(Environment):
         self._ones = torch.ones(self._n_fake, 1, device=self.device)
         self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=self.device)))
 
-    def size_batch(self, events_kept: int, ema: float) -> dict[str, Any] | None:
-        """environment.events_per_sample=auto, from the events this rank keeps and train.ema (auto_events_per_sample);
+    def size_batch(self, events_kept: int, ema: float, requested: int | None = None) -> dict[str, Any] | None:
+        """environment.events_per_sample=auto, from the events this rank keeps and train.ema (auto_events_per_sample),
+        against the parameter sets of the config (`requested`: before train.split_batch divided them among the ranks
+        whose gradients are averaged, so that their synthetic events together are what one rank's would be);
         run.json's record of it (None where the config names a number)."""
         if self.cfg.events_per_sample != "auto":
             return None
-        self._set_events_per_sample(auto_events_per_sample(events_kept, self.cfg.param_samples, ema))
+        sets = int(requested or self.cfg.param_samples)
+        self._set_events_per_sample(auto_events_per_sample(events_kept, sets, ema))
         window = round(1.0 / (1.0 - ema), 6) if ema > 0 else None
-        return {"events_per_sample": self.events_per_sample, "events_kept": int(events_kept),
-                "param_samples": self.cfg.param_samples, "window_epochs": window,
-                "ratio": (self._n_fake * window / events_kept) if window and events_kept else None}
+        return {"events_per_sample": self.events_per_sample, "events_kept": int(events_kept), "param_samples": sets,
+                "window_epochs": window,
+                "ratio": (sets * self.events_per_sample * window / events_kept) if window and events_kept else None}
 
     def _events(self, p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Events (B, E, event_width) for parameters p (B, P) and uniforms u (B, E, n_uniforms)."""

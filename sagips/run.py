@@ -486,7 +486,8 @@ def _load_data(r: _Run) -> None:
     # a batch that the config leaves to the data (events_per_sample=auto), from the events a rank keeps: nominal
     # (the same on every rank, and again on --resume), where the rows kept differ by a block between ranks
     parts = split[2] if split is not None else 1
-    r.batch_sized = env.size_batch(max(1, round(fraction * r.data_events / parts)), cfg.train.ema)
+    r.batch_sized = env.size_batch(max(1, round(fraction * r.data_events / parts)), cfg.train.ema,
+                                   r.batch["requested"] if r.batch else None)
     r.phase("reference_data")
 
 

@@ -278,8 +278,16 @@ class Trainer:
 
             raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
                               f"this run is {self.env.name!r}")
-        self.G.load_state_dict(sd["generator"])
-        self.D.load_state_dict(sd["discriminator"])
+        for name, net in (("generator", self.G), ("discriminator", self.D)):
+            try:
+                net.load_state_dict(sd[name])
+            except RuntimeError as e:  # torch's message lists every tensor: one line that says what to do
+                from sagips.config import ConfigError
+
+                first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e))[:160]
+                raise ConfigError(f"--resume: the saved {name} does not fit this config's networks ({first}); the "
+                                  f"sizes of the networks (e.g. environment.hidden, layers) differ from the saved "
+                                  f"run's: resume without --config, which takes the settings in its run.json") from None
         self.opt_g.load_state_dict(sd["opt_g"])
         self.opt_d.load_state_dict(sd["opt_d"])
         self._bind_lr()  # load_state_dict replaced the param groups' lr with the saved values

@@ -12,7 +12,7 @@ import pytest
 
 from sagips.config import ConfigError, from_dict
 from sagips.parametric import AUTO_EVENTS_RANGE, AUTO_EVENTS_RATIO, auto_events_per_sample
-from tests._mpirun import run_py
+from tests._mpirun import run_mpi, run_py
 from tests._plugins import add_to_sys_path, pythonpath, smear_site
 
 
@@ -68,15 +68,18 @@ def test_size_batch_resizes_the_synthetic_and_the_real_batch(smear):
     assert env.size_batch(40_000, 0.99) is None and env.events_per_epoch == 64 * 7
 
 
-def _run(site, out, *sets):
-    args = ["-m", "sagips.run", "--config", "smear1d:quick", "--mode", "ensemble", "--no-progress", "--epochs", "2",
+def _run(site, out, *sets, ranks=1, mode="ensemble", flags=()):
+    args = ["-m", "sagips.run", "--config", "smear1d:quick", "--mode", mode, *flags, "--no-progress", "--epochs", "2",
             "--output-dir", str(out), "--set", "environment.param_samples=8", "--set", "environment.hidden=8",
             "--set", "environment.layers=1", "--set", "train.quality_samples=8"]
     for s in sets:
         args += ["--set", s]
-    r = run_py(args, env=pythonpath(site), timeout=180)
+    if ranks == 1:
+        r = run_py(args, env=pythonpath(site), timeout=180)
+    else:
+        r = run_mpi(ranks, args, env=pythonpath(site), timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
-    return r, json.loads((out / "run.json").read_text())
+    return r, json.loads((out / ("member001" if "--ensemble-size" in flags else "") / "run.json").read_text())
 
 
 def test_a_run_sizes_it_from_the_data_it_keeps(site, tmp_path):
@@ -97,3 +100,31 @@ def test_a_run_sizes_it_from_the_data_it_keeps(site, tmp_path):
     # a number given is kept as it is
     _, info = _run(site, tmp_path / "fixed", "environment.reference_events=20000", "environment.events_per_sample=30")
     assert info["batch_sized"] is None and info["events_per_epoch"] == 8 * 30
+
+
+def test_split_data_and_a_split_batch_are_sized_as_one_rank_would_be(site, tmp_path):
+    """ensemble.data=split: each member keeps its part of the data (20,000 / 2 parts, all of it: 10,000 kept, not
+    20,000); train.split_batch: the rule counts the config's 8 parameter sets, not the 4 of each of the 2 ranks, so
+    that the ranks' synthetic events together are what one rank's would be."""
+    _, info = _run(site, tmp_path / "split", "environment.reference_events=20000", "environment.subset_fraction=1.0",
+                   "ensemble.data=split", "train.ema=0.9", ranks=2, flags=("--ensemble-size", "2"))
+    assert info["batch_sized"]["events_kept"] == 10_000 and info["batch_sized"]["events_per_sample"] == 1250
+    _, info = _run(site, tmp_path / "sb", "environment.reference_events=20000", "train.ema=0.9",
+                   "train.split_batch=true", ranks=2, mode="allreduce")
+    assert info["batch"]["per_rank"] == 4 and info["batch_sized"]["param_samples"] == 8
+    assert info["batch_sized"]["events_per_sample"] == 1250 and info["events_per_epoch"] == 4 * 1250
+
+
+def test_resume_with_networks_of_another_size_is_one_line(site, tmp_path):
+    """A run resumed with --config whose networks differ from the saved ones (e.g. a run from before the defaults
+    became 64 x 3) is refused in one line that says what to do, not with torch's list of tensors."""
+    out = tmp_path / "run"
+    _run(site, out, "environment.reference_events=20000", "train.state_every=1")
+    args = ["-m", "sagips.run", "--config", "smear1d:quick", "--mode", "ensemble", "--resume", "--no-progress",
+            "--epochs", "4", "--output-dir", str(out), "--set", "environment.param_samples=8", "--set",
+            "environment.hidden=16", "--set", "environment.layers=1", "--set", "environment.reference_events=20000"]
+    r = run_py(args, env=pythonpath(site), timeout=180)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = [ln for ln in r.stderr.splitlines() if "--resume" in ln]
+    assert len(err) == 1 and "the saved generator does not fit this config's networks (size mismatch" in err[0]
+    assert "resume without --config" in err[0]
