@@ -97,9 +97,7 @@ def test_a_run_sizes_it_from_the_data_it_keeps(site, tmp_path):
     _, info = _run(site, tmp_path / "file", f"environment.data_file={path}", "environment.subset_fraction=0.25",
                    "train.ema=0.95")
     assert info["batch_sized"]["events_kept"] == 10_000 and info["batch_sized"]["events_per_sample"] == 625
-    # a number given is kept as it is
-    _, info = _run(site, tmp_path / "fixed", "environment.reference_events=20000", "environment.events_per_sample=30")
-    assert info["batch_sized"] is None and info["events_per_epoch"] == 8 * 30
+    assert info["events_per_epoch"] == 8 * 625
 
 
 def test_split_data_and_a_split_batch_are_sized_as_one_rank_would_be(site, tmp_path):
@@ -118,8 +116,10 @@ def test_split_data_and_a_split_batch_are_sized_as_one_rank_would_be(site, tmp_p
 def test_resume_with_networks_of_another_size_is_one_line(site, tmp_path):
     """A run resumed with --config whose networks differ from the saved ones (e.g. a run from before the defaults
     became 64 x 3) is refused in one line that says what to do, not with torch's list of tensors."""
-    out = tmp_path / "run"
-    _run(site, out, "environment.reference_events=20000", "train.state_every=1")
+    out = tmp_path / "run"  # a number given is kept as it is
+    _, info = _run(site, out, "environment.reference_events=20000", "environment.events_per_sample=30",
+                   "train.state_every=1")
+    assert info["batch_sized"] is None and info["events_per_epoch"] == 8 * 30
     args = ["-m", "sagips.run", "--config", "smear1d:quick", "--mode", "ensemble", "--resume", "--no-progress",
             "--epochs", "4", "--output-dir", str(out), "--set", "environment.param_samples=8", "--set",
             "environment.hidden=16", "--set", "environment.layers=1", "--set", "environment.reference_events=20000"]
