@@ -152,7 +152,22 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     if prev.get("mode") != cfg.mode:
         raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; "
                           f"pass --mode {prev.get('mode')}")
+    changed = changed_settings(prev.get("config") or {}, config_to_dict(cfg))
+    if changed:  # e.g. --resume --config with a preset or defaults that changed since the run started
+        print(f"sagips: --resume: {len(changed)} setting(s) differ from the saved run's, and this run uses the new "
+              f"value(s): {'; '.join(changed[:8])}{'; ...' if len(changed) > 8 else ''}", file=sys.stderr, flush=True)
     return prev
+
+
+def changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """'key: old -> new' for every setting of `new` whose value differs from `old`'s (nested sections flattened)."""
+    out = []
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(old.get(k), dict):
+            out += changed_settings(old[k], v, f"{prefix}{k}.")
+        elif k in old and old[k] != v:
+            out.append(f"{prefix}{k}: {old[k]!r} -> {v!r}")
+    return out
 
 
 def clear_run(out_dir: str) -> None:

@@ -125,6 +125,11 @@ def test_resume_with_networks_of_another_size_is_one_line(site, tmp_path):
             "environment.hidden=16", "--set", "environment.layers=1", "--set", "environment.reference_events=20000"]
     r = run_py(args, env=pythonpath(site), timeout=180)
     assert r.returncode == 2, r.stderr[-2000:]
-    err = [ln for ln in r.stderr.splitlines() if "--resume" in ln]
-    assert len(err) == 1 and "the saved generator does not fit this config's networks (size mismatch" in err[0]
+    err = [ln for ln in r.stderr.splitlines() if "does not fit" in ln]
+    assert len(err) == 1
+    assert "--resume: the saved generator does not fit this config's networks (size mismatch" in err[0]
+    assert not any("Traceback" in ln or "Error(s) in loading" in ln for ln in r.stderr.splitlines())
     assert "resume without --config" in err[0]
+    # before it, one line names what differs from the saved run (the networks, and the batch 30 -> auto)
+    (note,) = [ln for ln in r.stderr.splitlines() if "setting(s) differ from the saved run's" in ln]
+    assert "environment.hidden: 8 -> 16" in note and "environment.events_per_sample: 30 -> 'auto'" in note
