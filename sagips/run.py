@@ -152,20 +152,17 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     if prev.get("mode") != cfg.mode:
         raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; "
                           f"pass --mode {prev.get('mode')}")
-    changed = changed_settings(prev.get("config") or {}, config_to_dict(cfg))
-    if changed:  # e.g. --resume --config with a preset or defaults that changed since the run started
-        print(f"sagips: --resume: {len(changed)} setting(s) differ from the saved run's, and this run uses the new "
-              f"value(s): {'; '.join(changed[:8])}{'; ...' if len(changed) > 8 else ''}", file=sys.stderr, flush=True)
     return prev
 
 
 def changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """'key: old -> new' for every setting of `new` whose value differs from `old`'s (nested sections flattened)."""
+    """'key: old -> new' for every setting of `new` whose value differs from `old`'s (nested sections flattened; the
+    output directory, which --resume names anyway, left out)."""
     out = []
     for k, v in new.items():
         if isinstance(v, dict) and isinstance(old.get(k), dict):
             out += changed_settings(old[k], v, f"{prefix}{k}.")
-        elif k in old and old[k] != v:
+        elif k in old and old[k] != v and f"{prefix}{k}" != "output_dir":
             out.append(f"{prefix}{k}: {old[k]!r} -> {v!r}")
     return out
 
@@ -309,6 +306,9 @@ def _configure(r: _Run) -> None:
     on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
     r.prev_run = prev_run = on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
     r.resume_from = None
+    # what differs from the saved run (e.g. --resume --config with a preset or defaults that changed since the run
+    # started): named once the resume has succeeded, so that a refused resume stays one line
+    r.resume_changes = changed_settings(prev_run.get("config") or {}, config_to_dict(cfg)) if prev_run else []
     if prev_run is not None:
         from sagips.io.state import agree_resume_epoch
 
@@ -673,6 +673,11 @@ def _describe(r: _Run) -> None:
         # a refused state (another data key: e.g. data.share, or a rank now on another node) may be refused on some
         # ranks only: every rank raises the first refusal, none waits in a later collective
         agree(comm, trainer.load_state_dict, load_state(out_dir, comm.rank, epoch0), error=ConfigError)
+        changed = r.resume_changes
+        if changed and r.is_root:
+            print(f"sagips: --resume: {len(changed)} setting(s) differ from the saved run's, and this run uses the "
+                  f"new value(s): {'; '.join(changed[:8])}{'; ...' if len(changed) > 8 else ''}", file=sys.stderr,
+                  flush=True)
         if r.is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
