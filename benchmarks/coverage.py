@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
 from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof,  # noqa: E402
-                                   interval_factor, seen_fraction, spread_with_floor)
+                                   half_sampled, interval_factor, seen_fraction, split_scatter, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
 
@@ -314,9 +314,8 @@ def stats_of(recs: list[dict]) -> list[dict]:
         # the intervals analyze quotes: +-k68 sigma and +-k95 sigma, Student's t with sigma's degrees of freedom,
         # recomputed here from each record's parts (records written before effective_dof held whole-sigma factors);
         # a spread that is the data's floor is not sampled (stats.Uncertainty.dof)
-        dof = [math.inf if low else float(effective_dof([r["gan"]["members"][i] or 0.0], [sg],
-                                                        r["gan"]["n_members"], r["gan"]["spread_from"] == "members")[0])
-               for r, (sg, _, low) in zip(recs, parts)]
+        dof = [float(effective_dof([smp], [sg], r["gan"]["n_members"], r["gan"]["spread_from"] == "members")[0])
+               for r, (sg, _, _, smp) in zip(recs, parts)]
         k68 = np.array([interval_factor(P68, d) for d in dof])
         k95 = np.array([interval_factor(P95, d) for d in dof])
         fin = np.isfinite(pull)
@@ -438,14 +437,15 @@ def sigma_now(r: dict, i: int) -> float:
     return parts_now(r, i)[0]
 
 
-def parts_now(r: dict, i: int) -> tuple[float, float, bool]:
-    """(sigma, its spread part, floored) of parameter i of a record under analyze's current rule
-    (sagips.analysis.stats: the data's floor from the record's Cramér-Rao bound where it has one, the drift where the
-    parameter still moves), from the record's parts (records from before `drift_in_sigma` always added the drift;
-    those from before the noise part have none). Records without a part: their sigma as written."""
+def parts_now(r: dict, i: int) -> tuple[float, float, bool, float]:
+    """(sigma, its spread part, floored, the spread's part sampled from the members) of parameter i of a record under
+    analyze's current rule (sagips.analysis.stats: the record's Cramér-Rao bound, where it has one, splits the
+    members' scatter or floors it; the drift where the parameter still moves), from the record's parts (records from
+    before `drift_in_sigma` always added the drift; those from before the noise part have none). Records without a
+    part: their sigma as written."""
     g = r["gan"]
     bound = (g.get("cramer_rao") or [None] * (i + 1))[i]
-    floored = False
+    floored, sampled = False, None
     drift = g["drift"][i] or 0.0
     mc = (g.get("sampling") or [0.0] * (i + 1))[i] or 0.0
     f = r.get("subset_fraction")
@@ -455,8 +455,12 @@ def parts_now(r: dict, i: int) -> tuple[float, float, bool]:
         if bound is not None:
             shared = "ensemble.data=split" not in (r["profile"].get("set") or [])
             holds = not (shared and (f is None or f >= 1.0))
-            sp, low = spread_with_floor(np.array([spread]), data_floor(np.array([bound]), f, g["n_members"], shared),
-                                        holds)
+            if half_sampled(f, shared) and g.get("scatter") is not None:
+                sp, low, smp = split_scatter(np.array([g["scatter"][i]]), np.array([bound]), f, g["n_members"])
+                sampled = float(smp[0])
+            else:
+                sp, low = spread_with_floor(np.array([spread]), data_floor(np.array([bound]), f, g["n_members"],
+                                                                           shared), holds)
             spread, floored = float(sp[0]), bool(low[0])
         elif spread != spread:
             spread = 0.0
@@ -466,9 +470,11 @@ def parts_now(r: dict, i: int) -> tuple[float, float, bool]:
         spread = float(spread_with_floor(np.array([g["ranks"][i] / math.sqrt(n)]),
                                          data_floor(np.array([bound]), seen, 1, True), False)[0][0])
     else:
-        return g["sigma"][i] or math.nan, math.nan, False
+        return g["sigma"][i] or math.nan, math.nan, False, math.nan
     sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members")[0]
-    return float(sigma[0]) or math.nan, spread, floored
+    if sampled is None:  # (a floor that replaced the members' part is known, not sampled)
+        sampled = 0.0 if floored else (g["members"][i] or 0.0) if g["spread_from"] == "members" else spread
+    return float(sigma[0]) or math.nan, spread, floored, sampled
 
 
 def expected(members: int) -> dict:

@@ -149,6 +149,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "drift_added": u.drift_added, "sampling": u.sampling,
                         "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
+                        "split_by_bound": u.sampled is not None,
                         "dof": u.dof, "k68": u.k68, "k95": u.k95, "cramer_rao": u.cramer_rao,
                         "floored": u.floored, "notes": u.notes},
         "convergence": conv,
@@ -294,7 +295,10 @@ def quotable(summary: dict[str, Any]) -> list[str]:
               "the noise column.")]
     for g in summary["groups"]:
         u = g["uncertainty"]
-        how = f" (members = scatter × {u['factor']:.3f})" if u["spread_from"] == "members" else ""
+        how = ("" if u["spread_from"] != "members" else
+               " (members = √(bound² + max(scatter², the bound's part of it)/M): the scatter's training noise "
+               "averages over the members, stats.split_scatter)" if u.get("split_by_bound") else
+               f" (members = scatter × {u['factor']:.3f})")
         lines += ["", f"### {g['name']}: {u['n_members']} member(s), σ from {u['spread_from']}{how}, "
                       f"epoch {u['epoch']}, K = {u['noise_samples']} noise vectors", "",
                   "| parameter | truth | p̂ ± σ | 68 % / 95 % interval | members | ranks | drift | noise (K) | pull | "

@@ -215,11 +215,14 @@ def test_the_pages_sigma_is_analyzes_rule_from_a_records_parts():
     bound, drift, mc = np.array([0.05, 0.05]), np.array([0.0, 0.3]), np.array([0.01, 0.02])
     u = stats.uncertainty(values, np.full(2, np.nan), 1, drift, 0.5, True, mc, bound=bound)
     rec = {"subset_fraction": 0.5, "profile": {"set": [], "members": 4},
-           "gan": {"spread_from": "members", "members": u.members.tolist(), "drift": drift.tolist(),
-                   "sampling": mc.tolist(), "n_members": 4, "cramer_rao": bound.tolist(), "sigma": u.sigma.tolist()}}
+           "gan": {"spread_from": "members", "members": u.members.tolist(), "scatter": u.scatter.tolist(),
+                   "drift": drift.tolist(), "sampling": mc.tolist(), "n_members": 4, "cramer_rao": bound.tolist(),
+                   "sigma": u.sigma.tolist()}}
     for i in range(2):
-        sigma, spread, floored = coverage.parts_now(rec, i)
+        sigma, spread, floored, sampled = coverage.parts_now(rec, i)
         assert sigma == pytest.approx(u.sigma[i], rel=1e-12) and floored == bool(u.floored[i])
+        dof = stats.effective_dof(np.array([sampled]), np.array([sigma]), 4, True)[0]
+        assert dof == pytest.approx(u.dof[i], rel=1e-12)
     one = stats.uncertainty(values[:1], np.array([0.02, 0.03]), 4, drift, stats.seen_fraction(0.5, 4), True, mc,
                             bound=bound)
     rec["gan"].update(spread_from="ranks", ranks=[0.02, 0.03], n_members=1)

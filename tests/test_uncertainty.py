@@ -393,19 +393,47 @@ def test_the_datas_floor_by_hand():
     assert not low.any()
 
 
+def test_the_bound_splits_the_scatter_exactly():
+    """Monte Carlo of the estimator model of stats.members_factor and stats.split_scatter: M members share one data
+    set, each estimating from a random half (an efficient estimate: the mean of its events, whose bound is 1/sqrt(n))
+    plus training noise twice its statistical error. sigma from split_scatter is the rms error of the members' mean
+    against the truth; the scale-all factor without the bound overstates it (by ~1.4x here)."""
+    rng = np.random.default_rng(2)
+    m, trials, n, train = 4, 20000, 400, 2.0
+    x = rng.normal(size=(trials, n))  # each trial: one data set of n events, truth 0, bound 1/sqrt(n)
+    keep = rng.random(size=(trials, m, n)) < 0.5  # each member keeps a random half
+    stat = (keep * x[:, None, :]).sum(axis=2) / keep.sum(axis=2)
+    est = stat + rng.normal(scale=train * math.sqrt(1 / n), size=stat.shape)
+    err = est.mean(axis=1)
+    s = est.std(axis=1, ddof=1)
+    b = np.full(trials, 1 / math.sqrt(n))
+    split, low, sampled = stats.split_scatter(s, b, 0.5, m)
+    ratio = math.sqrt(np.mean(err ** 2) / np.mean(split ** 2))
+    assert ratio == pytest.approx(1.0, abs=0.03)
+    scale_all = math.sqrt(np.mean(err ** 2) / np.mean((s * stats.members_factor(0.5, m, True)) ** 2))
+    assert scale_all < 0.8  # conservative: the training noise counted as if it did not average
+    np.testing.assert_allclose(sampled, np.where(low, 0.0, s / 2), rtol=1e-12)
+    assert 0 < low.mean() < 0.2  # the floor, where the scatter falls below the statistical part by chance
+
+
 def test_sigma_is_floored_at_the_datas_error():
     """stats.uncertainty with a bound: four members on half-samples that agree more than the data allow get the
-    data's floor as their spread part (not sampled: dof inf); a parameter above it keeps the members; one coupled run
-    adds the floor of what it saw to its ranks' spread, and says so."""
+    data's floor as their spread part (not sampled: dof inf); a parameter above it gets the bound's statistical part
+    and the rest of the scatter as training noise of the mean (split_scatter); one coupled run adds the floor of what
+    it saw to its ranks' spread, and says so."""
     values = np.array([[1.0, 10.0], [1.001, 10.4], [0.999, 9.6], [1.0, 10.0]])
     bound = np.array([0.05, 0.05])
     u = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound)
     s = values.std(axis=0, ddof=1)
     floor = bound * math.sqrt(1 + (1 / 0.5 - 1) / 4)
-    np.testing.assert_allclose(u.members, s * math.sqrt(1 + 1 / 4), rtol=1e-12)
-    assert u.members[0] < floor[0] and u.members[1] > floor[1]
-    np.testing.assert_allclose(u.sigma, [floor[0], u.members[1]], rtol=1e-12)
-    assert list(u.floored) == [True, False] and u.dof[0] == math.inf and u.dof[1] == pytest.approx(3)
+    assert s[0] < bound[0] and s[1] > bound[1]  # seen 0.5: the statistical part of a member's scatter is the bound
+    # by hand: b^2 (1 + 1/M) + (s^2 - b^2)/M = b^2 + s^2/M above the floor
+    np.testing.assert_allclose(u.members, [floor[0], math.sqrt(bound[1] ** 2 + s[1] ** 2 / 4)], rtol=1e-12)
+    np.testing.assert_allclose(u.sigma, u.members, rtol=1e-12)
+    assert u.sigma[1] < s[1] * math.sqrt(1 + 1 / 4)  # the scale-all rule without the bound is larger
+    # only the scatter's part s^2/M is sampled (M - 1 dof); the bound's is known (Welch-Satterthwaite)
+    assert list(u.floored) == [True, False] and u.dof[0] == math.inf
+    assert u.dof[1] == pytest.approx(3 * (u.sigma[1] / (s[1] / 2)) ** 4, rel=1e-12)
     assert u.k68[0] == pytest.approx(1.0, abs=1e-6)
     # members that all saw the whole data set: the bound adds in quadrature, and it is known, so sigma's degrees of
     # freedom are the members' part's (Welch-Satterthwaite), not M - 1
@@ -415,7 +443,7 @@ def test_sigma_is_floored_at_the_datas_error():
     np.testing.assert_allclose(whole.dof, 3 * (whole.sigma / m) ** 4, rtol=1e-12)
     assert not whole.floored.any() and "Cramér-Rao bound to it" in whole.notes[0]
     plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True)
-    assert plain.floored is None and plain.sigma[0] == pytest.approx(u.members[0])
+    assert plain.floored is None and plain.sigma[0] == pytest.approx(s[0] * math.sqrt(1 + 1 / 4))
     # one coupled run of 4 ranks, each keeping half: seen 0.8; the ranks' spread is training noise
     one = stats.uncertainty(values[:1], np.array([0.02, 0.02]), 4, np.zeros(2), 0.8, True, bound=bound)
     np.testing.assert_allclose(one.sigma, np.sqrt((0.02 / 2) ** 2 + bound ** 2 / 0.8), rtol=1e-12)

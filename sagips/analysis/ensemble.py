@@ -475,7 +475,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     u.notes.extend(notes)
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
-        u.notes.extend(stats.below_cramer_rao(names, u.members, u.cramer_rao, u.n_members,
+        # (the scatter's own estimate of the members' part, s x factor: with the bound in it, it is never below)
+        u.notes.extend(stats.below_cramer_rao(names, u.scatter * u.factor, u.cramer_rao, u.n_members,
                                               options=final is None or final.options))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "

@@ -182,6 +182,8 @@ def members_factor(seen: float | None, n_members: int, shared_data: bool) -> flo
       s^2 estimates sigma_stat^2 (1/seen - 1) + sigma_train^2, and the error of the mean of M members is
       sigma_stat^2 (1 + (1/seen - 1)/M) + sigma_train^2/M <= s^2 (seen/(1 - seen) + 1/M): factor^2 = seen/(1-seen)
       + 1/M (exact for the statistical part, conservative for the training part). seen = 0.5: factor^2 = 1 + 1/M.
+      Where the data's Cramér-Rao bound is known, `split_scatter` takes sigma_stat from it instead, and the training
+      part is then exact too.
     - Members with independent data sets (separate runs, each generating its own from its seed), or with disjoint
       parts of one data set (ensemble.data=split): the mean of M independent estimates, factor = 1/sqrt(M), exact
       for the statistical and the training noise alike.
@@ -257,20 +259,25 @@ class Uncertainty:
     p_hat: np.ndarray     #: the mean over the members at the last checkpoint
     sigma: np.ndarray     #: sqrt(spread^2 + drift^2 [where drift_added] + sampling^2): the one to quote
     spread: np.ndarray    #: the spread part of sigma: `members`, or without members ranks/sqrt(R), or 0
-    members: np.ndarray   #: s * members_factor: the members' scatter turned into the error of p^ (NaN: M < 2)
+    #: the members' scatter turned into the error of p^: s * members_factor, or with the data's bound
+    #: `split_scatter` (NaN: M < 2)
+    members: np.ndarray
     scatter: np.ndarray   #: s: the sample standard deviation of single members (NaN: M < 2)
     ranks: np.ndarray     #: pooled standard deviation of the ranks inside a run (NaN: no run has 2 ranks)
     drift: np.ndarray     #: |movement of p^| over the last DRIFT_FRACTION of the epochs
     sampling: np.ndarray  #: the Monte-Carlo error of p^ from the finite batch of K noise vectors it averages
     drift_added: np.ndarray  #: (P,) bool: the drift is a part of sigma (`drift_in_sigma`)
     n_members: int
-    factor: float         #: members = scatter * factor
+    factor: float         #: members = scatter * factor (where no bound splits the scatter, `split_scatter`)
     spread_from: str      #: "members", "ranks" (a lower bound: no independent members) or "none"
     notes: list[str]      #: what sigma does not contain, in words
     #: (P,) the Cramér-Rao bound of the data set (`cramer_rao`; density environments), or None
     cramer_rao: np.ndarray | None = None
     #: (P,) bool: the spread part is the data's floor (`data_floor`), not the members' scatter; None: no floor known
     floored: np.ndarray | None = None
+    #: (P,) the part of the spread sampled from the members (their M - 1 degrees of freedom), where a known part
+    #: (the bound's, `split_scatter`) is in it too; None: the spread, or the members' part where not floored
+    sampled: np.ndarray | None = None
 
     @property
     def dof(self) -> np.ndarray:
@@ -278,7 +285,8 @@ class Uncertainty:
         noise parts weigh in; inf where sigma does not come from members' scatter (or its spread is the data's
         floor, which is not sampled)."""
         # the sampled part: the members' (a floor that replaced it, or that adds to it, is known, not sampled)
-        sampled = self.spread if self.floored is None else np.where(self.floored, 0.0, self.members)
+        sampled = (self.sampled if self.sampled is not None else self.spread if self.floored is None
+                   else np.where(self.floored, 0.0, self.members))
         return effective_dof(sampled, self.sigma, self.n_members, self.spread_from == "members")
 
     @property
@@ -324,11 +332,14 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
     members = scatter * factor
     ranks = np.asarray(rank_sigma, dtype=np.float64)
     dr = np.abs(np.asarray(moved, dtype=np.float64))
-    notes, floored = [], None
+    notes, floored, sampled = [], None, None
     whole = shared_data and (seen is None or seen >= 1.0)  # every member learned from all the data
     if m >= 2:
         spread, source = members, "members"
-        if bound is not None:  # the data's floor (`data_floor`): the larger part, or added to training noise alone
+        if bound is not None and half_sampled(seen, shared_data):  # the bound splits the scatter (`split_scatter`)
+            members, floored, sampled = split_scatter(scatter, bound, seen, m)
+            spread = members
+        elif bound is not None:  # the data's floor (`data_floor`): the larger part, or added to training noise alone
             spread, floored = spread_with_floor(members, data_floor(bound, seen, m, shared_data), not whole)
         if whole:
             notes.append(f"the members all learn from the whole data set: {NO_STATISTICS}" if bound is None else
@@ -352,7 +363,38 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
     sigma, added = compose_sigma(spread, dr, mc, source == "members")
     u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
     u.cramer_rao, u.floored = (None if bound is None else np.asarray(bound, dtype=np.float64)), floored
+    u.sampled = sampled
     return u
+
+
+def half_sampled(seen: float | None, shared_data: bool) -> bool:
+    """Do the members share one data set, each learning from a random fraction `seen` < 1 of it?"""
+    return shared_data and seen is not None and seen < 1.0
+
+
+def split_scatter(scatter: np.ndarray, bound: np.ndarray, seen: float, n_members: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(members part of sigma, floored, its sampled part) (each (P,)) of M members that share one data set, each
+    learning from a random fraction `seen` < 1 of it, where the data's Cramér-Rao bound b is known.
+
+    `members_factor`'s model: s^2 estimates sigma_stat^2 (1/seen - 1) + sigma_train^2, and the error of the mean of
+    M members is sigma_stat^2 (1 + (1/seen - 1)/M) + sigma_train^2/M. Without b, all of s^2 is scaled as if it were
+    statistical (conservative: training noise that averages over M members is counted as if it did not). With
+    sigma_stat = b, the training part is what the scatter holds beyond the statistical one, and the error is
+    b^2 + max(s^2, b^2 (1/seen - 1))/M: exact for an efficient member (one whose error on its subset is the bound's);
+    a member that is less efficient on the data than the bound puts its excess in the training part, which
+    benchmarks/coverage.py measures. Where s^2 < b^2 (1/seen - 1) the members agree more than the data allow: the
+    part is the data's floor (`data_floor`; floored). The sampled part, s/sqrt(M) (0 where floored), is what carries
+    the members' M - 1 degrees of freedom (`Uncertainty.dof`); the bound's part is known."""
+    s = np.asarray(scatter, dtype=np.float64)
+    b = np.asarray(bound, dtype=np.float64)
+    m = max(1, int(n_members))
+    stat = b ** 2 * (1.0 / seen - 1.0)  # the statistical part of one member's scatter
+    ok = np.isfinite(b)
+    low = ok & ~(s ** 2 >= stat)  # (a NaN scatter: the floor)
+    part = np.sqrt(b ** 2 + np.where(low, stat, s ** 2) / m)
+    members = np.where(ok, part, s * members_factor(seen, m, True))
+    return members, low, np.where(low, 0.0, s / math.sqrt(m))
 
 
 def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool
