@@ -47,5 +47,20 @@ def kaiming_init(net: nn.Module, slope: float = 0.2) -> None:
             nn.init.zeros_(m.bias)
 
 
+@torch.no_grad()
+def start_generator(G: nn.Sequential, out_scale: float = 1.0, start: float = 0.0) -> nn.Sequential:
+    """Where a generator that ends in Linear + Sigmoid starts in its unit box: its output layer's weights scaled by
+    `out_scale` (small: every noise vector starts near one point), and with `start` in (0, 1) its bias at the logit
+    of a random point of the box's middle fraction `start` (torch's global generator: the run's seed), so that
+    independent members start at different points and do not all approach the truth along one path; 0 leaves the
+    bias at 0, the middle of the box."""
+    out = G[-2]  # G[-1] is the Sigmoid, G[-2] the output Linear
+    if out_scale != 1.0:
+        out.weight.mul_(out_scale)
+    if start > 0:
+        out.bias.copy_(torch.logit(0.5 + start * (torch.rand(out.bias.shape) - 0.5)))
+    return G
+
+
 def n_params(net: nn.Module) -> int:
     return sum(p.numel() for p in net.parameters() if p.requires_grad)

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment, EnvironmentCheckError
-from sagips.models import mlp
+from sagips.models import mlp, start_generator
+from sagips import precondition
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 
@@ -388,13 +389,7 @@ class ParametricEnvironment(Environment):
     def build_generator(self) -> torch.nn.Module:
         c = self.cfg
         G = mlp(self.noise_dim, len(self.names), c.hidden, c.layers, out_act=torch.nn.Sigmoid())
-        if c.g_out_scale != 1.0:
-            with torch.no_grad():
-                G[-2].weight.mul_(c.g_out_scale)  # G[-1] is the Sigmoid, G[-2] the output Linear
-        if c.g_start > 0:  # start at a random point of the box's middle fraction g_start (the torch seed's)
-            with torch.no_grad():
-                G[-2].bias.copy_(torch.logit(0.5 + c.g_start * (torch.rand(len(self.names)) - 0.5)))
-        return G.to(self.device)
+        return start_generator(G, c.g_out_scale, c.g_start).to(self.device)
 
     def build_discriminator(self) -> torch.nn.Module:
         return mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers).to(self.device)
@@ -431,16 +426,10 @@ class ParametricEnvironment(Environment):
         self.preconditioner.refresh(info, (self.pmax - self.pmin).tolist())
 
     def extra_state(self) -> dict[str, Any]:
-        return {} if self.preconditioner is None else {"precondition": self.preconditioner.state()}
+        return precondition.extra_state(self.preconditioner)
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        if self.preconditioner is None:
-            return
-        if "precondition" not in state:
-            raise ConfigError("--resume: the saved state holds no Fisher preconditioner (a run that trained with plain "
-                              "gradients, from before environment.precondition existed, or an environment whose "
-                              "extra_state does not call super()); resume it with --set environment.precondition=none")
-        self.preconditioner.load(state["precondition"])
+        precondition.load_extra_state(self.preconditioner, state)
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)
