@@ -43,7 +43,6 @@ import torch.nn.functional as F
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment, EnvironmentCheckError
 from sagips.models import mlp, start_generator
-from sagips import precondition
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 
@@ -426,10 +425,16 @@ class ParametricEnvironment(Environment):
         self.preconditioner.refresh(info, (self.pmax - self.pmin).tolist())
 
     def extra_state(self) -> dict[str, Any]:
-        return precondition.extra_state(self.preconditioner)
+        return {} if self.preconditioner is None else {"precondition": self.preconditioner.state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        precondition.load_extra_state(self.preconditioner, state)
+        if self.preconditioner is None:
+            return
+        if "precondition" not in state:
+            raise ConfigError("--resume: the saved state holds no Fisher preconditioner (a run that trained with plain "
+                              "gradients, from before environment.precondition existed, or an environment whose "
+                              "extra_state does not call super()); resume it with --set environment.precondition=none")
+        self.preconditioner.load(state["precondition"])
 
     def real_batch(self) -> torch.Tensor:
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)

@@ -83,21 +83,3 @@ class FisherPreconditioner:
 
     def load(self, state: list[list[float]]) -> None:
         self.m.copy_(torch.as_tensor(state, dtype=self.m.dtype))
-
-
-def extra_state(pre: FisherPreconditioner | None) -> dict[str, Any]:
-    """An environment's `extra_state` part for its preconditioner (None: plain gradients, nothing to save)."""
-    return {} if pre is None else {"precondition": pre.state()}
-
-
-def load_extra_state(pre: FisherPreconditioner | None, state: dict[str, Any]) -> None:
-    """An environment's `load_extra_state` part: the saved M, or a one-line error for a state without one."""
-    if pre is None:
-        return
-    if "precondition" not in state:
-        from sagips.errors import ConfigError
-
-        raise ConfigError("--resume: the saved state holds no Fisher preconditioner (a run that trained with plain "
-                          "gradients, from before environment.precondition existed, or an environment whose "
-                          "extra_state does not call super()); resume it with --set environment.precondition=none")
-    pre.load(state["precondition"])

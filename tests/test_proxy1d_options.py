@@ -67,22 +67,6 @@ def test_output_layer_init_scale():
         assert G01(z).std(0).max() < G1(z).std(0).max()
 
 
-def test_g_start_spreads_proxy1ds_starting_points():
-    """environment.g_start (the same start_generator as a ParametricEnvironment's): 0 keeps every seed at the box's
-    middle (with g_out_scale small), s > 0 starts each seed at its own point of the middle fraction s."""
-    def start(seed, g_start):
-        torch.manual_seed(seed)
-        G = make_env(["environment.g_out_scale=0", f"environment.g_start={g_start}"]).build_generator()
-        with torch.no_grad():
-            return G(torch.randn(4, 6))[0]
-
-    assert torch.allclose(start(1, 0.0), torch.full((6,), 0.5))
-    starts = [start(seed, 0.8) for seed in range(6)]
-    assert all(((u > 0.1) & (u < 0.9)).all() for u in starts)
-    assert min((x - y).abs().max() for i, x in enumerate(starts) for y in starts[i + 1:]) > 0.01
-    assert torch.equal(start(3, 0.8), starts[3])  # the seed decides
-
-
 def test_critic_width_alone():
     env = make_env(["environment.d_hidden=32"])
     D, G = env.build_discriminator(), env.build_generator()
@@ -90,37 +74,3 @@ def test_critic_width_alone():
     assert G[0].out_features == 128  # the generator keeps environment.hidden
     # 2*32+32 + 3*(32*32+32) + 32+1 parameters
     assert sum(p.numel() for p in D.parameters()) == 96 + 3 * 1056 + 33
-
-
-def test_fisher_preconditioner_on_proxy1d():
-    """environment.precondition=fisher (sagips/precondition.py, as a ParametricEnvironment's): the events and the
-    parameters are unchanged, the gradient that reaches the generator's output is multiplied by M, adapt takes M
-    from Proxy1D.fisher at the prediction (unit_inverse_sqrt, checked independently), and M is saved for --resume."""
-    from sagips.precondition import unit_inverse_sqrt
-
-    plain, pre = make_env(), make_env(["environment.precondition=fisher"])
-    assert plain.preconditioner is None and plain.extra_state() == {}
-    torch.manual_seed(0)
-    G = pre.build_generator()
-    pre.adapt(G)
-    width = np.asarray(pre.cfg.param_max) - np.asarray(pre.cfg.param_min)
-    p_hat = pre.predict(G, 256).double().numpy()
-    m = torch.as_tensor(unit_inverse_sqrt(pre.fisher(p_hat), width), dtype=torch.float32)
-    torch.testing.assert_close(pre.preconditioner.m, m)
-    assert not torch.allclose(m, torch.eye(6) * m.trace() / 6, atol=1e-2)  # the valleys make it far from a scale
-    outs = []
-
-    def keep(module, inputs, out):  # the generator's output u, with its gradient (returns None: output unchanged)
-        out.retain_grad()
-        outs.append(out)
-
-    G.register_forward_hook(keep)
-    w = torch.linspace(-1.0, 1.0, 6)
-    for env in (plain, pre):
-        env.gen.manual_seed(5)
-        (env.params(G, 4) * w).sum().backward()
-    assert torch.equal(outs[0], outs[1])
-    torch.testing.assert_close(outs[1].grad, outs[0].grad @ m)
-    other = make_env(["environment.precondition=fisher"])
-    other.load_extra_state(pre.extra_state())
-    assert torch.equal(other.preconditioner.m, pre.preconditioner.m)

@@ -13,11 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sagips import precondition
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment
 from sagips.models import mlp, start_generator
-from sagips.precondition import FisherPreconditioner
 
 from . import theory
 
@@ -52,18 +50,9 @@ class Proxy1DConfig:
     g_out_scale: float = opt(1.0, "scale of the generator's output-layer weights at initialisation (1 = Kaiming, "
                              "like the hidden layers; small values start every noise vector near the middle of the "
                              "parameter box instead of at a random, often near-saturated, point)", min=0.0)
-    g_start: float = opt(0.0, "spread of the generator's starting point: s in (0, 1) starts each run at a random "
-                         "point of the box's middle fraction s (from its seed), so that independent members approach "
-                         "the truth from different sides; 0 starts every run at the middle of the box (with "
-                         "g_out_scale small; docs/benchmarks/coverage.notes.md)", min=0.0, max=0.99)
     noise_scale: float = opt(1.0, "standard deviation of the generator's Gaussian noise (1 = N(0, 1), the paper); a "
                              "small value makes the generator nearly one point, so that its mean prediction is not "
                              "the mean of a broad mixture over p", min=0.0)
-    precondition: str = opt("none", "'fisher': the generator's gradient w.r.t. the parameters is multiplied by the "
-                            "inverse square root of the data's Fisher information at its prediction (Proxy1D.fisher, "
-                            "refreshed at every log), so that the strongly correlated directions (p0-p1: +99 %) move "
-                            "as fast as the steep ones (sagips/precondition.py); 'none': plain gradients, the paper's",
-                            choices=("none", "fisher"))
     spread_weight: float = opt(0.0, "weight of a penalty on the generator's spread over noise, "
                                "spread_weight * mean_i Var_noise(p_i) of the [0, 1] outputs, added to the generator "
                                "loss; the truth is one point, and a broad mixture over p biases the mean prediction "
@@ -104,8 +93,6 @@ class Proxy1D(Environment):
         self.data: torch.Tensor | None = None
         self.ref_norms: torch.Tensor | None = None
         self._n_fake = cfg.param_samples * cfg.events_per_sample
-        #: environment.precondition=fisher: the generator's gradient times I^(-1/2) (sagips/precondition.py)
-        self.preconditioner = FisherPreconditioner(6, dev) if cfg.precondition == "fisher" else None
         # preallocated label tensors for the adversarial losses (no per-step allocation)
         self._ones = torch.ones(self._n_fake, 1, device=dev)
         self._real_fake = torch.cat((self._ones, torch.zeros(self._n_fake, 1, device=dev)))  # d_loss's targets
@@ -159,7 +146,7 @@ class Proxy1D(Environment):
     def build_generator(self) -> torch.nn.Module:
         c = self.cfg
         G = mlp(c.noise_dim, 6, c.hidden, c.layers, out_act=torch.nn.Sigmoid())
-        return start_generator(G, c.g_out_scale, c.g_start).to(self.device)
+        return start_generator(G, c.g_out_scale).to(self.device)
 
     def build_discriminator(self) -> torch.nn.Module:
         c = self.cfg
@@ -174,18 +161,13 @@ class Proxy1D(Environment):
         idx = torch.randint(len(self.data), (self._n_fake,), generator=self.gen, device=self.device)
         return self.data[idx]
 
-    def _physical(self, unit: torch.Tensor) -> torch.Tensor:
-        """Generator outputs in [0, 1] -> physical parameters (through the preconditioner's gradient scaling)."""
-        return theory.to_physical(unit if self.preconditioner is None else self.preconditioner.apply(unit),
-                                  self.pmin, self.pmax)
-
     def params(self, G: torch.nn.Module, n: int) -> torch.Tensor:
-        return self._physical(G(self.noise(n)))
+        return theory.to_physical(G(self.noise(n)), self.pmin, self.pmax)
 
     def synthesize(self, G: torch.nn.Module, real: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(events (B * E, 2), norms (B, 2), generator outputs in [0, 1] (B, 6))."""
         unit = G(self.noise(self.cfg.param_samples))
-        p = self._physical(unit)
+        p = theory.to_physical(unit, self.pmin, self.pmax)
         events, norms = theory.sample_events(p, self.x, self.cfg.events_per_sample, self.gen, self._logs)
         return events, norms, unit
 
@@ -262,19 +244,6 @@ class Proxy1D(Environment):
         c = torch.func.jacfwd(norms)(q)
         sharp = self.NORM_SHARPNESS * torch.trace(info) / torch.trace(c.T @ c)
         return (info + sharp * c.T @ c).numpy()
-
-    def adapt(self, G: torch.nn.Module) -> None:
-        """environment.precondition=fisher: the preconditioner from the Fisher information at G's prediction."""
-        if self.preconditioner is not None:
-            with torch.no_grad():
-                p = self.predict(G, 256).double().cpu().numpy()
-            self.preconditioner.refresh(self.fisher(p), (self.pmax - self.pmin).tolist())
-
-    def extra_state(self) -> dict[str, Any]:
-        return precondition.extra_state(self.preconditioner)
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        precondition.load_extra_state(self.preconditioner, state)
 
     # -- quality -----------------------------------------------------------------------------------------------
     def truth(self) -> list[float]:
