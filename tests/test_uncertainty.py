@@ -399,7 +399,7 @@ def test_the_bound_splits_the_scatter_exactly():
     plus training noise twice its statistical error. sigma from split_scatter is the rms error of the members' mean
     against the truth; the scale-all factor without the bound overstates it (by ~1.4x here)."""
     rng = np.random.default_rng(2)
-    m, trials, n, train = 4, 20000, 400, 2.0
+    m, trials, n, train = 4, 8000, 400, 2.0
     x = rng.normal(size=(trials, n))  # each trial: one data set of n events, truth 0, bound 1/sqrt(n)
     keep = rng.random(size=(trials, m, n)) < 0.5  # each member keeps a random half
     stat = (keep * x[:, None, :]).sum(axis=2) / keep.sum(axis=2)
