@@ -13,6 +13,7 @@ away) from one of its approach (it stays). A 4-member mean is uncertain by about
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import runpy
@@ -67,10 +68,13 @@ def main() -> int:
 
     work = ROOT / "runs" / "valley"
     work.mkdir(parents=True, exist_ok=True)
-    data, ml_file = work / f"proxy1d-{args.seed}.h5", work / f"proxy1d-{args.seed}-ml.json"
-    ecfg = env_config("proxy1d", [])
+    env_sets = sorted(s for s in args.set if s.startswith("environment."))  # the data and the ML fit follow them
+    key = f"proxy1d-{args.seed}" + (f"-{hashlib.sha1(' '.join(env_sets).encode()).hexdigest()[:8]}" if env_sets else "")
+    data, ml_file = work / f"{key}.h5", work / f"{key}-ml.json"
+    ecfg = env_config("proxy1d", args.set)
+    truth = [x for s in env_sets if s.startswith("environment.true_params") for x in ("--set", s[len("environment."):])]
     if not data.exists() and data_main(["proxy1d", "--out", str(data), "--events", str(ecfg.reference_events),
-                                        "--seed", str(args.seed), "--no-progress"]) != 0:
+                                        "--seed", str(args.seed), "--no-progress"] + truth) != 0:
         return 1
     if not ml_file.exists():
         ml_file.write_text(json.dumps(ml_reference("proxy1d", data, np.asarray(ecfg.true_params), ecfg)))

@@ -414,6 +414,9 @@ def test_the_bound_splits_the_scatter_exactly():
     assert scale_all < 0.8  # conservative: the training noise counted as if it did not average
     np.testing.assert_allclose(sampled, np.where(low, 0.0, s / 2), rtol=1e-12)
     assert 0 < low.mean() < 0.2  # the floor, where the scatter falls below the statistical part by chance
+    # an unknown bound (NaN) keeps the scale-all rule, all of it sampled
+    part, low, sampled = stats.split_scatter(np.array([0.3]), np.array([np.nan]), 0.5, m)
+    assert part[0] == pytest.approx(0.3 * stats.members_factor(0.5, m, True)) and sampled[0] == part[0] and not low[0]
 
 
 def test_sigma_is_floored_at_the_datas_error():

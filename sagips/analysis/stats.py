@@ -393,8 +393,8 @@ def split_scatter(scatter: np.ndarray, bound: np.ndarray, seen: float, n_members
     ok = np.isfinite(b)
     low = ok & ~(s ** 2 >= stat)  # (a NaN scatter: the floor)
     part = np.sqrt(b ** 2 + np.where(low, stat, s ** 2) / m)
-    members = np.where(ok, part, s * members_factor(seen, m, True))
-    return members, low, np.where(low, 0.0, s / math.sqrt(m))
+    members = np.where(ok, part, s * members_factor(seen, m, True))  # (no bound: the scale-all rule, all sampled)
+    return members, low, np.where(low, 0.0, np.where(ok, s / math.sqrt(m), members))
 
 
 def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool
