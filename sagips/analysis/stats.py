@@ -191,7 +191,7 @@ def members_factor(seen: float | None, n_members: int, shared_data: bool) -> flo
       1/sqrt(M), the training noise of the mean alone (the caller says so).
     """
     m = max(1, int(n_members))
-    if not shared_data or seen is None or seen >= 1.0:
+    if not half_sampled(seen, shared_data):
         return 1.0 / math.sqrt(m)
     return math.sqrt(seen / (1.0 - seen) + 1.0 / m)
 
@@ -412,7 +412,7 @@ def data_floor(bound: np.ndarray, seen: float | None, n_members: int, shared_dat
     (`members_factor`'s half-sampling term); members on disjoint parts of it, or that all learn from all of it
     (or `seen` unknown): the bound itself."""
     b = np.asarray(bound, dtype=np.float64)
-    if shared_data and seen is not None and seen < 1.0:
+    if half_sampled(seen, shared_data):
         return b * math.sqrt(1.0 + (1.0 / seen - 1.0) / max(1, int(n_members)))
     return b
 
