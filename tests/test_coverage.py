@@ -181,7 +181,7 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     assert any(ln.startswith(f"| smear1d | tau | 2caa46ae9ac0 | {len(run_now)} | 4 |") for ln in lines)
     others = ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504", "000000000000")
     assert not any(pid in ln for ln in lines for pid in others)
-    assert "| proxy1d | all | — | 0 | | | | | | not measured at today's defaults |" in lines
+    assert "| proxy1d | all | — | 0 | | | | | | | not measured at today's defaults |" in lines
     assert any(ln.startswith(f"| smear1d | resolution | d3c1f3ff1210 | {len(run_mode)} | 4 |") for ln in lines)
     # proxy1d's ensemble; toy1d's and proxy1d's one run; toy1d's and proxy1d's one run in the default mode
     assert sum("not measured" in ln for ln in lines) == 5
@@ -228,3 +228,20 @@ def test_the_pages_sigma_is_analyzes_rule_from_a_records_parts():
     rec["gan"].update(spread_from="ranks", ranks=[0.02, 0.03], n_members=1)
     for i in range(2):
         assert coverage.sigma_now(rec, i) == pytest.approx(one.sigma[i], rel=1e-12)
+
+
+def test_t_normalised_pulls_of_an_exact_sigma_have_unit_width_and_the_verdict_reads_them():
+    """Pulls of an exact sigma with d degrees of freedom follow Student's t (numpy's sampler, std sqrt(d / (d - 2))):
+    their t-normalised width is 1 whatever d is, so the verdict's width is met; a sigma 1.5x too small is not."""
+    rng = np.random.default_rng(7)
+    for d in (3.0, 6.0, np.inf):
+        pull = rng.standard_t(d, 20000) if np.isfinite(d) else rng.standard_normal(20000)
+        z = coverage.t_normalised(pull, np.full(pull.size, d))
+        assert np.std(z) == pytest.approx(1.0, abs=0.02)
+        if d == 3.0:  # (the pulls themselves: Student's t_3, std 1.73)
+            assert np.std(pull) > 1.5
+        row = {"pull_width_t": float(np.std(z)), "pull_width": float(np.std(pull)), "n": 20,
+               "cover1": float(np.mean(np.abs(pull) <= 1))}
+        assert coverage.calibration_verdict(row) == "met"  # (t_3 covers 61 % at +-1, within 58-78 %)
+        row["pull_width_t"] = float(np.std(coverage.t_normalised(1.5 * pull, np.full(pull.size, d))))
+        assert coverage.calibration_verdict(row) == "missed"
