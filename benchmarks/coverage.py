@@ -642,22 +642,50 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
 
 
 def fill_bounds(recs: list[dict]) -> None:
-    """proxy1d's records from before its environment had a Fisher information (Proxy1D.fisher) have no Cramér-Rao
-    bound: it is computed here as analyze computes it now (stats.cramer_rao of the information at the record's p̂,
-    for its number of events), in memory, so that their sigma follows analyze's current rule (`parts_now`)."""
+    """Records from before their environment had a Fisher information have no Cramér-Rao bound: proxy1d's from
+    before Proxy1D.fisher, smear1d's (a simulator) from before sagips/simfisher.py. It is computed here as analyze
+    computes it now (stats.cramer_rao of the information at the record's p̂, for its number of events; smear1d's at
+    p̂ rounded to 3 significant digits, shared by the records that round alike, since each estimate takes seconds),
+    in memory, so that their sigma follows analyze's current rule (`parts_now`)."""
     from sagips.analysis.stats import cramer_rao
-    from sagips_environments.proxy1d import Proxy1D
 
-    envs = {}
+    envs, bounds = {}, {}
     for r in recs:
         g = r["gan"]
-        if r["case"] != "proxy1d" or g.get("cramer_rao") is not None or g["spread_from"] not in ("members", "ranks"):
+        if (r["case"] not in ("proxy1d", "smear1d") or g.get("cramer_rao") is not None
+                or g["spread_from"] not in ("members", "ranks")):
             continue
-        key = json.dumps(r["profile"].get("set") or [])
+        sets = r["profile"].get("set") or []
+        key = (r["case"], json.dumps(sets))
         if key not in envs:
-            envs[key] = Proxy1D(env_config("proxy1d", r["profile"].get("set") or []), "cpu", 0)
-        bound = cramer_rao(envs[key].fisher(np.asarray(g["p_hat"])), int(r["events"]))
-        g["cramer_rao"] = None if bound is None else bound.tolist()
+            envs[key] = environment(r["case"], sets)
+        p = np.asarray(g["p_hat"], dtype=np.float64)
+        if r["case"] == "smear1d":
+            p = np.asarray([float(f"{v:.3g}") for v in p])
+        at = key + (tuple(p.tolist()), int(r["events"]))
+        if at not in bounds:
+            bound = cramer_rao(envs[key].fisher(p), int(r["events"]))
+            bounds[at] = None if bound is None else bound.tolist()
+        g["cramer_rao"] = bounds[at]
+
+
+def environment(case: str, sets: list[str]):
+    """The environment of `case` on the CPU, for its Fisher information (fill_bounds): proxy1d's under the settings
+    `sets`; smear1d's with its defaults (its information is its simulator's, which no setting changes)."""
+    if case == "proxy1d":
+        from sagips_environments.proxy1d import Proxy1D
+
+        return Proxy1D(env_config("proxy1d", sets), "cpu", 0)
+    from tests._plugins import SMEAR_SRC
+
+    sys.path.insert(0, str(SMEAR_SRC))
+    try:
+        from sagips_smear1d import Smear1D
+    finally:
+        sys.path.remove(str(SMEAR_SRC))
+    from sagips.config import from_dict
+
+    return Smear1D(from_dict(Smear1D.Config, {}, "environment."), "cpu", 0)
 
 
 def page(out: Path) -> str:
@@ -691,8 +719,9 @@ def page(out: Path) -> str:
              "real pulls are narrower than the exact-σ row. σ is recomputed from each record's parts under "
              "analyze's current rule (the drift counts only where the parameter still moves; the spread part is "
              "at least the data's floor where the Cramér-Rao bound is known, docs/analysis.md), so records made "
-             "under an older rule read alike; proxy1d's records from before its Fisher information get their bound "
-             "here, from their p̂ and size, as analyze computes it now (toy1d's records from before analyze "
+             "under an older rule read alike; proxy1d's records from before its Fisher information, and smear1d's from "
+             "before a simulator had one (sagips/simfisher.py), get their bound here, from their p̂ and size, as "
+             "analyze computes it now (toy1d's records from before analyze "
              "recorded the bound keep σ without the floor).", "",
              f"A `density` environment (toy1d) trains with the Fisher preconditioner by default from commit "
              f"{PRECONDITIONED_FROM} on (`environment.precondition=fisher`, docs/environments.md); toy1d's profiles "

@@ -45,6 +45,7 @@ from sagips.environment import Environment, EnvironmentCheckError
 from sagips.models import mlp, start_generator
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
+from sagips.simfisher import binned_fisher
 
 
 #: environment.events_per_sample=auto (issue 36, item 3): the synthetic events of one weight-average window
@@ -474,12 +475,17 @@ class ParametricEnvironment(Environment):
         return list(self.names)
 
     def fisher(self, p: Any) -> np.ndarray | None:
-        """The data's Fisher information per event (P, P) at physical parameters p (P,), for the density form: the
-        integral over the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights),
-        in float64, where f > 0 (sagips.analyze reads strongly correlated parameters from it). None for a simulator,
-        which has no density, or where the density is negative or not finite at p."""
+        """The data's Fisher information per event (P, P) at physical parameters p (P,), in float64 (sagips.analyze
+        reads the Cramér-Rao bound and strongly correlated parameters from it). The density form: the integral over
+        the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights), where f > 0;
+        None where the density is negative or not finite at p. The simulate form with one column per event: the
+        information of its events in 128 equal-probability bins, from 2^22 simulated events and their derivatives
+        (sagips/simfisher.py); None for wider events, or where the simulator gives no finite derivative."""
         if self.pipeline_method != "density":
-            return None
+            if self.event_width != 1:
+                return None
+            q = torch.as_tensor(np.asarray(p, dtype=np.float64)).float()
+            return binned_fisher(self._events, q.to(self.device), self.n_uniforms or 1)
         x = self.x.detach().to("cpu", torch.float64)
 
         def pdf(q: torch.Tensor) -> torch.Tensor:

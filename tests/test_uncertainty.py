@@ -283,22 +283,20 @@ def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_p
 
 def test_the_density_fisher_matrix_against_an_independent_quadrature():
     """ParametricEnvironment.fisher (torch, the sampler's grid) against benchmarks/toy1d.fisher (numpy, numerical
-    derivatives on a 200,001-point grid), at two points; a simulator has none."""
+    derivatives on a 200,001-point grid), at two points (a simulator's: tests/test_simfisher.py)."""
     from benchmarks import toy1d
-    from tests._plugins import SMEAR_SRC, TOY_SRC
+    from tests._plugins import TOY_SRC
     import sys
 
-    sys.path[:0] = [str(TOY_SRC), str(SMEAR_SRC)]
+    sys.path[:0] = [str(TOY_SRC)]
     try:
-        from sagips_smear1d import Smear1D
         from sagips_toy1d import Toy1D
     finally:
-        del sys.path[:2]
+        del sys.path[:1]
     cfg = from_dict(Toy1D.Config, {}, "environment.")
     env = Toy1D(cfg, "cpu", 0)
     for p in ([1.7, -0.4, 0.9], [2.5, -0.637, 1.028]):
         np.testing.assert_allclose(env.fisher(p), toy1d.fisher(np.asarray(p)), rtol=1e-4)
-    assert Smear1D(from_dict(Smear1D.Config, {}, "environment."), "cpu", 0).fisher([1.0, 0.2]) is None
 
 
 def test_the_fisher_matrix_of_a_density_with_zeros():

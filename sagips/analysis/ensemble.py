@@ -429,13 +429,15 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
 
 
 def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
-    """The environment's per-event Fisher information at p (ParametricEnvironment's density form); None for an
-    environment without one (a simulator); a note where a density could not give it (the check is advice only)."""
+    """The environment's per-event Fisher information at p (ParametricEnvironment's density form, or its simulator of
+    one observable); None for an environment without one; a note where it could not be had (the check is advice
+    only)."""
     fisher = getattr(env, "fisher", None)
-    if not callable(fisher) or getattr(env, "pipeline_method", "density") != "density":
+    if not callable(fisher):
         return None
-    skipped = ("the correlation check of the data's information was skipped: the density could not be "
-               "differentiated at p^, or is negative or not finite there")
+    what = "density" if getattr(env, "pipeline_method", "density") == "density" else "simulator"
+    skipped = (f"the correlation check of the data's information was skipped: the {what} could not be "
+               f"differentiated at p^, or is negative or not finite there")
     try:
         f = fisher(p)
     except Exception:  # noqa: BLE001

@@ -1,0 +1,126 @@
+"""The Fisher information of a simulator's events, for a simulator of one observable (issue 36).
+
+A `ParametricEnvironment` in the simulate form has no density, so its data's Cramér-Rao bound cannot be integrated
+as the density form's is. It is estimated from the simulator itself. With x = simulate(p, u) for n fixed uniforms u,
+the events are put into B bins and the information per event of the binned data is
+
+    I = sum_b (d mu_b / dp) (d mu_b / dp)^T / mu_b,    mu_b = F(e_b) - F(e_{b-1}),
+
+with F the events' CDF smoothed at each inner edge e_b by a Gaussian kernel of width w_b (half the gap to the
+nearest edge), and dF(e)/dp = -E[K_w(x - e) dx/dp] from the events' own derivatives (one backward pass through the
+simulator, which training needs to be differentiable anyway): the events move, the uniforms stay.
+- The edges sit at levels of F spaced evenly in logit(F), down to TAIL_EVENTS events in each outermost bin: the tails
+  carry a scale's information (75 % of smear1d's resolution's lies in the events below F = 1.3 %, half of tau's above
+  F = 0.95), which bins of equal probability lose (64 of them lost 20 % of the resolution's).
+- The derivatives of two halves of the events are multiplied, d mu_b^(1) d mu_b^(2): one half's squared would add its
+  noise, sum_b var(d mu_b) / mu_b ~ B^3 / n, to I (+8 % of tau's at 128 bins and 2^22 events).
+- A point mass (WALL_EVENTS or more events stuck at one value with no derivative, as events clipped to a `support`'s
+  edge are) gets no edge, and no kernel reaches it: its mass and its derivative sit in the bin beside it.
+Binning only loses information, so the bound errs on the larger side: tests/test_simfisher.py checks a Gaussian's
+analytic information and smear1d's density's (within 1.5 %), and a clipped Gaussian's (within 5 %). A simulator that
+is not differentiable in p, or whose events or derivatives are not finite, has no estimate (None).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+
+#: defaults of `binned_fisher`: 2^21 events and 64 bins (the bound's noise ~0.1-0.4 %, its loss under 1 % on smear1d)
+N_EVENTS = 1 << 21
+BINS = 64
+WIDTH = 0.5  #: the kernel's width at an edge, in gaps to the nearest edge
+CUT = 6.0  #: the kernel is cut at this many widths
+TAIL_EVENTS = 400  #: events in each outermost bin
+WALL_EVENTS = 50  #: events stuck at one value that make a point mass
+SEED = 20240601  #: the uniforms' own stream: the estimate never moves a training's random numbers
+CHUNK = 1 << 18  #: events per simulator call and per kernel block (bounds the memory: chunk x bins floats)
+
+
+def binned_fisher(events: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], p, n_uniforms: int,
+                  n_events: int = N_EVENTS, bins: int = BINS, seed: int = SEED) -> np.ndarray | None:
+    """The information per event (P, P), in float64, of the events of `events(q, u)` at physical parameters p (P,).
+
+    `events` maps parameters q (m, P) and uniforms u (m, 1, n_uniforms) to events (m, 1, 1) (every row of q is p, so
+    that each event has its own derivative). None where the simulator gives no derivative, or a non-finite one."""
+    q0 = torch.as_tensor(p, dtype=torch.float32).reshape(1, -1)  # (its device: the simulator's)
+    gen = torch.Generator(device=q0.device).manual_seed(seed)
+    xs, js = [], []
+    for start in range(0, n_events, CHUNK):
+        m = min(CHUNK, n_events - start)
+        q = q0.expand(m, -1).clone().requires_grad_(True)
+        u = torch.rand((m, 1, n_uniforms), generator=gen, device=q0.device)
+        with torch.enable_grad():
+            x = events(q, u).reshape(m)
+            if not x.requires_grad:
+                return None
+            (jac,) = torch.autograd.grad(x.sum(), q, allow_unused=True)
+        if jac is None:
+            return None
+        xs.append(x.detach().cpu().double())
+        js.append(jac.cpu().double())
+    x, jac = torch.cat(xs), torch.cat(js)
+    if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(jac).all())):
+        return None
+    order = torch.argsort(x)  # sorted once: the quantiles, the bins' counts and the kernels' windows read it
+    x, jac, half = x[order], jac[order], order % 2
+    edges, walls = _inner_edges(x, jac, bins)
+    if edges is None:
+        return None
+    gaps = torch.diff(edges)
+    width = WIDTH * torch.minimum(torch.cat((gaps[:1], gaps)), torch.cat((gaps, gaps[-1:])))
+    if len(walls):  # no kernel reaches a point mass (events stuck at one value: clipped to a support's edge)
+        width = torch.minimum(width, (edges[:, None] - walls[None, :]).abs().min(dim=1).values / CUT)
+    # each half's derivatives of the smoothed CDF at the edges; the product of the two halves' derivatives has no
+    # noise bias (one half's noise squared would add sum_b var(d mu_b) / mu_b, ~bins^3 / n_events, to I)
+    cdf, dcdf = zip(*(_smoothed_cdf(x[half == h], jac[half == h], edges, width) for h in (0, 1)))
+    zero = torch.zeros(1, dtype=torch.float64)
+    mu = torch.diff(torch.cat((zero, 0.5 * (cdf[0] + cdf[1]), zero + 1)))  # the bins' probabilities
+    pad = torch.zeros(1, jac.shape[1], dtype=torch.float64)
+    dmu = [torch.diff(torch.cat((pad, d, pad)), dim=0) for d in dcdf]
+    keep = mu > 0
+    cross = (dmu[0][keep] / mu[keep, None]).T @ dmu[1][keep]
+    info = 0.5 * (cross + cross.T)
+    if not bool(torch.isfinite(info).all()) or float(torch.linalg.eigvalsh(info).min()) <= 0:
+        return None
+    return info.numpy()
+
+
+def _smoothed_cdf(xs: torch.Tensor, js: torch.Tensor, edges: torch.Tensor, width: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CDF smoothed by the Gaussian kernel, F(e) = E[Phi((e - x)/w)], and its derivative dF(e)/dp =
+    -E[K_w(x - e) dx/dp] at every edge ((edges,), (edges, P)), from events xs sorted ascending and their derivatives
+    js. The bins' probabilities and their derivatives come from the same smoothing: a point mass (events clipped to
+    a support's edge) within a kernel's reach is then counted alike in both. The kernel is cut at CUT widths (each
+    edge's window found by bisection)."""
+    lo = torch.searchsorted(xs, edges - CUT * width).tolist()
+    hi = torch.searchsorted(xs, edges + CUT * width).tolist()
+    cdf = torch.tensor(lo, dtype=torch.float64)
+    slope = torch.zeros(len(edges), js.shape[1], dtype=torch.float64)
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        z = (edges[i] - xs[a:b]) / width[i]
+        cdf[i] += torch.special.ndtr(z).sum()
+        slope[i] = -(torch.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * width[i])) @ js[a:b]
+    return cdf / len(xs), slope / len(xs)
+
+
+def _inner_edges(xs: torch.Tensor, js: torch.Tensor, bins: int
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The inner edges and the point masses ("walls": WALL_EVENTS or more events stuck at one value, as events
+    clipped to a support's edge are, with no derivative), from events xs sorted ascending. The edges sit at levels of
+    the CDF spaced evenly in logit(F), so that the tails, where a scale's information lies (75 % of a Gaussian
+    smearing's in the events below F = 1.3 %), get bins as fine as the middle's, down to TAIL_EVENTS events in each
+    outermost bin; none on a wall, no repeats. None for fewer than 2 edges, or too few events that move with p."""
+    stuck = (js == 0).all(dim=1)
+    values, counts = torch.unique(xs[stuck], return_counts=True)
+    walls = values[counts >= WALL_EVENTS]
+    if int((~stuck).sum()) < bins * TAIL_EVENTS // 8:
+        return None, walls
+    tail = min(0.01, TAIL_EVENTS / len(xs))  # the outermost bins' probability
+    levels = torch.sigmoid(torch.linspace(math.log(tail / (1 - tail)), math.log((1 - tail) / tail), bins - 1,
+                                          dtype=torch.float64))
+    edges = torch.unique(xs[(levels * (len(xs) - 1)).round().long()])
+    edges = edges[~torch.isin(edges, walls)]
+    return (edges if len(edges) >= 2 else None), walls
