@@ -479,8 +479,9 @@ class ParametricEnvironment(Environment):
         reads the Cramér-Rao bound and strongly correlated parameters from it). The density form: the integral over
         the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights), where f > 0;
         None where the density is negative or not finite at p. The simulate form with one column per event: the
-        information of its events in 128 equal-probability bins, from 2^22 simulated events and their derivatives
-        (sagips/simfisher.py); None for wider events, or where the simulator gives no finite derivative."""
+        information of its events in 64 bins (edges evenly spaced in logit of the CDF), from 2^21 simulated events
+        and their derivatives (sagips/simfisher.py); None for wider events, or where the simulator gives no finite
+        derivative."""
         if self.pipeline_method != "density":
             if self.event_width != 1:
                 return None

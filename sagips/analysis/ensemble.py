@@ -435,9 +435,12 @@ def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
     fisher = getattr(env, "fisher", None)
     if not callable(fisher):
         return None
-    what = "density" if getattr(env, "pipeline_method", "density") == "density" else "simulator"
-    skipped = (f"the correlation check of the data's information was skipped: the {what} could not be "
-               f"differentiated at p^, or is negative or not finite there")
+    if getattr(env, "pipeline_method", "density") == "density":
+        skipped = ("the correlation check of the data's information was skipped: the density could not be "
+                   "differentiated at p^, or is negative or not finite there")
+    else:
+        skipped = ("the correlation check of the data's information was skipped: the simulator's events have no "
+                   "finite derivative in p at p^, or are not finite there")
     try:
         f = fisher(p)
     except Exception:  # noqa: BLE001
