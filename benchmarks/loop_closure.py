@@ -75,9 +75,13 @@ def _norms(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
     """Maximum-likelihood parameters for events (N, 2) with the reference norms as constraints."""
+    return ml_fit_counts(*_binned(events, cfg), norms, cfg, start)
+
+
+def ml_fit_counts(x: torch.Tensor, counts: torch.Tensor, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
+    """`ml_fit` on the events' counts (2, bins) in the bins of the theory's grid x (`_binned`)."""
     from scipy import optimize
 
-    x, counts = _binned(events, cfg)
     n_tot = counts.sum()
     ref = torch.tensor(norms, dtype=torch.float64)
 
@@ -91,9 +95,13 @@ def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.
         p = torch.tensor(p_np, dtype=torch.float64)
         return (_norms(p, x) - ref).numpy()
 
+    def cons_jac(p_np):
+        return torch.autograd.functional.jacobian(lambda q: _norms(q, x), torch.tensor(p_np, dtype=torch.float64)).numpy()
+
     bounds = list(zip(np.array(cfg.param_min) + 1e-3, np.array(cfg.param_max) - 1e-3))
     res = optimize.minimize(nll, start, jac=True, method="SLSQP", bounds=bounds,
-                            constraints=[{"type": "eq", "fun": cons}], options={"maxiter": 500, "ftol": 1e-14})
+                            constraints=[{"type": "eq", "fun": cons, "jac": cons_jac}],
+                            options={"maxiter": 500, "ftol": 1e-14})
     return res.x
 
 

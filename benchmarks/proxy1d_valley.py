@@ -1,14 +1,19 @@
 """Where proxy1d's ensemble ends along its valleys: the members' mean against the ML fit on one data set, per
 checkpoint (coverage.notes.md, twentieth session: the preset's offset of +1.5 sigma_ML in r_0-r_2).
 
-    python benchmarks/proxy1d_valley.py NAME [--at-ml] [--seed 1000] [--members 4] [--set KEY=VALUE ...]
+    python benchmarks/proxy1d_valley.py NAME [--at-ml | --shift r_0:+3] [--seed 1000] [--members 4]
+                                        [--set KEY=VALUE ...]
 
 Generates the data set of --seed (the coverage study's replica seed - 1000, 16M events) once under runs/valley/,
 fits it by maximum likelihood once (benchmarks/coverage.ml_reference), trains M members of the preset
 (`--mode ensemble --ensemble-size M`, torch at 1 thread) into runs/valley/NAME, and prints (p^ - p_ML)/sigma_ML of
 the members' mean and their scatter every 500 epochs. --at-ml starts every member at the ML fit (the generator's
 output layer: weights 0, bias at the fit's logit), which tells an offset of the GAN's equilibrium (the mean drifts
-away) from one of its approach (it stays). A 4-member mean is uncertain by about half the scatter.
+away) from one of its approach (it stays). --shift NAME:S starts them S sigma_ML from the fit along the valley of
+parameter NAME instead (p_ML + S C[:, i] / sqrt(C[i, i]), C the fit's covariance: the other parameters follow their
+regression on it, so the start stays as close to the fit as a shift of S sigma in NAME allows, a log-likelihood of
+S^2 / 2 below it). Starts on both sides tell where the GAN's equilibrium lies along the valley, if the members relax
+towards it within the run. A 4-member mean is uncertain by about half the scatter.
 """
 from __future__ import annotations
 
@@ -29,12 +34,12 @@ sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "configs" / "proxy1d-quick.yaml"
 
 
-def child(ml_file: str, argv: list[str]) -> None:
-    """One rank of the training, its generator started at the ML fit."""
+def child(start_file: str, argv: list[str]) -> None:
+    """One rank of the training, its generator started at the point of `start_file` (the ML fit, or a shift)."""
     import torch
     from sagips_environments.proxy1d import Proxy1D
 
-    p_ml = torch.tensor(json.loads(Path(ml_file).read_text())["p"])
+    p_ml = torch.tensor(json.loads(Path(start_file).read_text())["p"])
     build = Proxy1D.build_generator
 
     def at_ml(self):
@@ -49,6 +54,21 @@ def child(ml_file: str, argv: list[str]) -> None:
     runpy.run_module("sagips.run", run_name="__main__")
 
 
+def shifted(ml: dict, data: Path, ecfg, shift: str) -> np.ndarray:
+    """p_ML + S C[:, i] / sqrt(C[i, i]) for shift 'r_i:S' (C: the ML fit's covariance on the data's events)."""
+    from benchmarks.loop_closure import ml_covariance
+    from sagips.io.refdata import read_reference
+
+    name, _, s = shift.partition(":")
+    i = int(name.removeprefix("r_"))
+    arrays, _ = read_reference(data, {"events": 2})
+    p = np.asarray(ml["p"])
+    c = ml_covariance(arrays["events"].astype(np.float64), ecfg, p)
+    start = p + float(s) * c[:, i] / np.sqrt(c[i, i])
+    print(f"start: {np.round((start - p) / np.sqrt(np.diag(c)), 2)} sigma_ML from the ML fit", flush=True)
+    return start
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3:])
@@ -56,6 +76,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("name")
     ap.add_argument("--at-ml", action="store_true", help="start every member at the data's ML fit")
+    ap.add_argument("--shift", metavar="NAME:S", help="start every member S sigma_ML from the ML fit along NAME's valley")
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set")
@@ -83,7 +104,11 @@ def main() -> int:
     train = ["--config", str(CONFIG), "--mode", "ensemble", "--ensemble-size", str(args.members), "--seed",
              str(args.seed), "--no-progress", "--output-dir", str(run), "--overwrite", "--set",
              f"environment.data_file={data}", "--set", "train.threads=1"] + [x for s in args.set for x in ("--set", s)]
-    script = [sys.executable, str(Path(__file__).resolve()), "--child", str(ml_file)] if args.at_ml else [
+    start = ml_file
+    if args.shift:
+        start = work / f"{args.name}-start.json"
+        start.write_text(json.dumps({"p": shifted(ml, data, ecfg, args.shift).tolist()}))
+    script = [sys.executable, str(Path(__file__).resolve()), "--child", str(start)] if args.at_ml or args.shift else [
         sys.executable, "-m", "sagips.run"]
     r = subprocess.run(["timeout", "--kill-after=10", str(args.timeout), mpiexec(), "-n", str(args.members)]
                        + script + train, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True)
