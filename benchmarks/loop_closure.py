@@ -96,7 +96,8 @@ def ml_fit_counts(x: torch.Tensor, counts: torch.Tensor, norms: np.ndarray, cfg,
         return (_norms(p, x) - ref).numpy()
 
     def cons_jac(p_np):
-        return torch.autograd.functional.jacobian(lambda q: _norms(q, x), torch.tensor(p_np, dtype=torch.float64)).numpy()
+        p = torch.tensor(p_np, dtype=torch.float64)
+        return torch.autograd.functional.jacobian(lambda q: _norms(q, x), p).numpy()
 
     bounds = list(zip(np.array(cfg.param_min) + 1e-3, np.array(cfg.param_max) - 1e-3))
     res = optimize.minimize(nll, start, jac=True, method="SLSQP", bounds=bounds,
@@ -271,6 +272,21 @@ def describe_machine(m: dict) -> str:
             f"{m['torch']} dispatches **{m['torch_cpu_capability']}**, native bf16: {'yes' if m['native_bf16'] else 'no'}")
 
 
+def extra_sets(parts: list[dict]) -> list[str]:
+    """The --set settings the parts ran with beyond the script's own (a variant of the preset), from their commands:
+    a page rebuilt with --page-only names them too."""
+    own = ("comm.inner_size=", "train.checkpoint_every=", "environment.true_params=")
+    return sorted({x for p in parts for x in re.findall(r"--set (\S+)", p.get("command", "")) if not x.startswith(own)})
+
+
+def out_arg(a) -> str:
+    """' --out DIR' for a page written elsewhere than docs/benchmarks (a variant), relative to the repository."""
+    out = Path(getattr(a, "out", ROOT / "docs" / "benchmarks")).resolve()
+    if out == (ROOT / "docs" / "benchmarks").resolve():
+        return ""
+    return f" --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
+
+
 def write_page(parts: list[dict], floors: dict, truths: list[str], a, path: Path) -> None:
     machines = []
     for p in parts:
@@ -298,7 +314,9 @@ def write_page(parts: list[dict], floors: dict, truths: list[str], a, path: Path
         "1,024 noise vectors, averaged, against the truth. The floor is the maximum-likelihood fit on the same "
         "reference events. Command:",
         "",
-        "    python benchmarks/loop_closure.py --modes " + ",".join(a.modes) + " --truths \"" + ";".join(truths) + "\"",
+        "    python benchmarks/loop_closure.py --modes " + ",".join(a.modes) + " --truths \"" + ";".join(truths) + "\""
+        + "".join(f" --set {x}" for x in extra_sets(parts))
+        + out_arg(a),
         "",
         f"Target: max\\|r̂\\| ≤ {TARGET} within {a.budget_min:.0f} min of training per rank, and below it to the end.",
         "",

@@ -76,7 +76,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("name")
     ap.add_argument("--at-ml", action="store_true", help="start every member at the data's ML fit")
-    ap.add_argument("--shift", metavar="NAME:S", help="start every member S sigma_ML from the ML fit along NAME's valley")
+    ap.add_argument("--shift", metavar="NAME:S",
+                    help="start every member S sigma_ML from the ML fit along NAME's valley")
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--members", type=int, default=4)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a sagips.run --set")

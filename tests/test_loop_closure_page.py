@@ -55,3 +55,25 @@ def test_page_is_generated_whole_and_leaves_the_notes_alone(lc, tmp_path):
     assert "| T0 | rma-arar-arar | float32 | 3.2 s | 500 |" in text and "| met |" in text
     assert "| T0 | ensemble | not run yet |" in text
     assert notes.read_text() == "hand-written\n" and (tmp_path / "loop_closure.png").stat().st_size > 0
+    assert '--truths "default"\n' in text  # the preset itself: no --set
+
+
+def test_a_variants_page_names_its_settings(lc, tmp_path):
+    """A page rebuilt with --page-only names the --set of the parts (from their commands) and its --out."""
+    parts_dir = tmp_path / "loop_closure"
+    parts_dir.mkdir()
+    mach = {"cpu_model": "Test CPU", "vector_flags": [], "torch_cpu_capability": "AVX2", "native_bf16": False,
+            "cores": 2, "torch": "x"}
+    part = {"mode": "rma-arar-arar", "truth_arg": "default", "truth": [2.1875, -0.5, 3, 1.09375, -0.5, 4],
+            "epochs": 500, "train_s": 50.0, "startup_s": 3.2, "precision": {"resolved": "float32"},
+            "command": "mpiexec -n 4 python -m sagips.run --config configs/proxy1d-quick.yaml --set "
+                       "comm.inner_size=2 --set train.checkpoint_every=100 --set train.lr_g=3e-4",
+            "points": pts([0.5, 0.04, 0.03]), **lc.crossing(pts([0.5, 0.04, 0.03])), "machine": mach,
+            "finished": "2026-11-25 00:00 UTC"}
+    (parts_dir / "rma-arar-arar__default.json").write_text(json.dumps(part))
+    a = types.SimpleNamespace(modes=["rma-arar-arar"], ranks=4, inner_size=2, checkpoint_every=100, budget_min=15.0,
+                              out=str(tmp_path))
+    lc.render(a, ["default"], tmp_path, parts_dir)
+    text = (tmp_path / "loop_closure.md").read_text()
+    assert f'--truths "default" --set train.lr_g=3e-4 --out {tmp_path}\n' in text
+    assert "comm.inner_size" not in text.split("Command:")[1].split("Target")[0]
