@@ -470,8 +470,8 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
                      preconditioned: bool = False, options: bool = True) -> list[str]:
     """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
     (P, P) reaches `threshold`: along such a valley a fit with plain gradients converges slowly, members that start
-    together can stop together short of the data's maximum, and sigma misses it (docs/analysis.md, "What σ cannot
-    see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
+    together can stop together short of the data's maximum or pass it and relax back too slowly to show, and sigma
+    misses it (docs/analysis.md, "What σ cannot see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
     (the note then says so, and names the check that remains). `options`: the environment has
     environment.precondition and environment.g_start (ParametricEnvironment); otherwise (proxy1d) the note names
     the checks that need neither."""
@@ -493,9 +493,11 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
                   "can stop together short of the data's maximum, and sigma then misses it: train with "
                   "environment.precondition=fisher, or check that members started apart (environment.g_start) meet")
     else:
-        advice = ("along such a valley a fit with plain gradients converges slowly, and members that start together "
-                  "can stop together short of the data's maximum (sigma keeps at least the data's floor, below): "
-                  "check that runs with other seeds meet, and that the parameters no longer move")
+        advice = ("along such a valley a fit with plain gradients converges slowly: members that start together "
+                  "can stop together short of the data's maximum, or pass it and relax back too slowly to show as "
+                  "movement (proxy1d's preset ends 1-1.6 sigma_ML past it along p0-p2), and sigma misses either (it "
+                  "keeps at least the data's floor, below): check that the parameters no longer move, and that runs "
+                  "with other seeds meet")
     out = []
     for i in range(len(d)):
         for j in range(i + 1, len(d)):
