@@ -78,6 +78,7 @@ def test_the_bound_is_the_scatter_of_the_ml_fit_over_data_sets():
     n, rng = 1_000_000, np.random.default_rng(7)
     bound = stats.cramer_rao(Proxy1D(cfg, "cpu", 0).fisher(truth), n)
     pulls = []
+    torch.set_num_threads(1)  # 120 fits of small ops: one thread is the fastest (conftest restores the count)
     for _ in range(120):
         counts = torch.tensor(np.stack([rng.multinomial(n, c / c.sum()) for c in cells]), dtype=torch.float64)
         pulls.append((lc.ml_fit_counts(x, counts, norms[0].numpy(), cfg, truth * 1.01) - truth) / bound)
