@@ -471,8 +471,9 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     """One note per pair of parameters whose correlation in the inverse of the per-event Fisher matrix `fisher`
     (P, P) reaches `threshold`: along such a valley a fit with plain gradients converges slowly, members that start
     together can stop together short of the data's maximum or pass it and relax back too slowly to show, and sigma
-    misses it (docs/analysis.md, "What σ cannot see"). `preconditioned`: the runs trained with environment.precondition=fisher, which moves along the valley
-    (the note then says so, and names the check that remains). `options`: the environment has
+    misses it (docs/analysis.md, "What σ cannot see"). `preconditioned`: the runs trained with
+    environment.precondition=fisher, which moves along the valley (the note then says so, and names the check that
+    remains). `options`: the environment has
     environment.precondition and environment.g_start (ParametricEnvironment); otherwise (proxy1d) the note names
     the checks that need neither."""
     if not np.all(np.isfinite(np.asarray(fisher, dtype=np.float64))):
