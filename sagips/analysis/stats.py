@@ -496,7 +496,7 @@ def correlated_pairs(fisher: np.ndarray, names: Sequence[str], threshold: float 
     else:
         advice = ("along such a valley a fit with plain gradients converges slowly: members that start together "
                   "can stop together short of the data's maximum, or pass it and relax back too slowly to show as "
-                  "movement (proxy1d's preset ends 1-1.6 sigma_ML past it along p0-p2), and sigma misses either (it "
+                  "movement (proxy1d's preset ends ~1-1.5 sigma_ML past it along p0-p2), and sigma misses either (it "
                   "keeps at least the data's floor, below): check that the parameters no longer move, and that runs "
                   "with other seeds meet")
     out = []
