@@ -544,7 +544,7 @@ def at_defaults(case: str, prof: dict) -> bool:
 def summary(recs: list[dict]) -> list[str]:
     """The page's first section: per case and workflow, the profile with the most replicas among those that ran
     today's defaults, in one line per parameter (or 'not measured')."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest, chi2
 
     by: dict[tuple, list[dict]] = {}
     for r in recs:
@@ -564,8 +564,13 @@ def summary(recs: list[dict]) -> list[str]:
                 ci = binomtest(row["covered1"], row["finite"]).proportion_ci(0.95, "exact")
                 of = "" if row["finite"] == row["n"] else f"; {row['finite']} finite"
                 cover = f"{100 * row['cover1']:.0f} % ({100 * ci.low:.0f}–{100 * ci.high:.0f}{of})"
-            yield (row["name"], row["n"], f"{row['pull_mean']:+.2f}", _f(row["pull_width_t"], ".2f"),
-                   _f(row["pull_width"], ".2f"), cover,
+            width = _f(row["pull_width_t"], ".2f")
+            if row["pull_width_t"] is not None and row["finite"] > 2:  # its 95 % interval, for Gaussian pulls
+                k = row["finite"] - 1
+                lo, hi = (row["pull_width_t"] * math.sqrt(k / chi2.ppf(q, k)) for q in (0.975, 0.025))
+                width += f" ({lo:.2f}–{hi:.2f})"
+            yield (row["name"], row["n"], f"{row['pull_mean']:+.2f}", width,
+                   _f(row["pull_width"], ".2f"), _f(row["ml_pull_width"], ".2f"), cover,
                    f"{ratio:.2f}", calibration_verdict(row))
 
     def run_cells(rs):
@@ -577,10 +582,13 @@ def summary(recs: list[dict]) -> list[str]:
              "Pulls are in units of the GAN's own σ; the errors of the GAN and of the ML fit on the same events in "
              "units of the ML fit's σ, or as their ratio. Beside the coverage of ±1σ, its 95 % interval "
              "(Clopper–Pearson, from K data sets): a verdict whose interval holds the target's 68 % is not yet a "
-             "clear miss.", ""]
+             "clear miss. Beside the pull width, its 95 % interval (χ² with K − 1 degrees of freedom), and the width "
+             "of the ML fit's own pulls (p_ML − p_true)/σ_ML on the same data sets: where the data sets happen to "
+             "scatter little (or much), an honest σ's pulls do too.", ""]
     for wf, intro, head, cells in (
             ("ensemble", "**An ensemble of M members** (`--mode ensemble --ensemble-size M`, the case's preset; the "
-             "issue's workflow):", "M | pull mean | pull width (t-normalised) | pull std | ±1σ | rms error GAN / ML",
+             "issue's workflow):", "M | pull mean | pull width (t-normalised) | pull std | ML pull width | ±1σ | "
+             "rms error GAN / ML",
              ensemble_cells),
             ("run", "**One run** as a new user starts it (`--workflow run`: M ranks of rma-arar-arar, the "
              "environment's own defaults), against its statistical floor; ±1σ with analyze's σ for the run, "

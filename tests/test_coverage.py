@@ -2,6 +2,7 @@
 for 1 replica of smear1d, its JSON, resume (a rerun trains nothing), and the page generated whole."""
 import copy
 import json
+import re
 import sys
 
 import numpy as np
@@ -189,6 +190,9 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
                              + proxy)
     res = [ln for ln in lines if ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |")]
     assert len(res) == 1 and "| 80 % (56–94) |" in res[0]  # 16 of 20 covered: scipy's exact 95 % interval
+    # the width's 95 % interval at K = 20: w sqrt(19 / chi2) with the tables' chi2_19 quantiles 32.852 and 8.907
+    w, lo, hi = (float(v) for v in re.search(r"\| ([0-9.]+) \(([0-9.]+)–([0-9.]+)\) \|", res[0]).groups())
+    assert abs(lo - w * (19 / 32.852) ** 0.5) <= 0.006 and abs(hi - w * (19 / 8.907) ** 0.5) <= 0.006
     assert any(ln.startswith("| toy1d | c | 0e92873fcb71 | 20 | 4 |") for ln in lines)
     assert any(ln.startswith(f"| smear1d | tau | 2caa46ae9ac0 | {len(run_now)} | 4 |") for ln in lines)
     others = ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504", "000000000000")
