@@ -261,3 +261,8 @@ def test_t_normalised_pulls_of_an_exact_sigma_have_unit_width_and_the_verdict_re
         assert coverage.calibration_verdict(row) == "met"  # (t_3 covers 61 % at +-1, within 58-78 %)
         row["pull_width_t"] = float(np.std(coverage.t_normalised(1.5 * pull, np.full(pull.size, d))))
         assert coverage.calibration_verdict(row) == "missed"
+        # a width that misses as the ML fit's own pulls on the same data sets do (same side) says so; else not
+        assert coverage.calibration_verdict(dict(row, ml_pull_width=1.4)) == \
+            "missed (width; the ML fit's pulls on these data sets: 1.40)"
+        assert coverage.calibration_verdict(dict(row, ml_pull_width=0.7)) == "missed"
+        assert coverage.calibration_verdict(dict(row, ml_pull_width=1.0)) == "missed"
