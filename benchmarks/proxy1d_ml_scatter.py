@@ -4,8 +4,8 @@ the data that the calibration study (benchmarks/coverage.py) trains on, made the
     python benchmarks/proxy1d_ml_scatter.py --seeds 3000:3200 [--events 16000000] [--set KEY=VALUE ...]
 
 For every seed: the data set of `configs/proxy1d-quick.yaml` at its truth, as `sagips.io.writer.generate_subset` makes
-it (the blocks of a written file), binned on the theory's grid (`loop_closure._binned`), fitted with the norms held
-(`loop_closure.ml_fit_counts`), and its pull (p_ML - p_true) / sigma_CR (sigma from `stats.cramer_rao` of proxy1d's
+it (the blocks of a written file), fitted on the theory's grid with the norms held (`loop_closure.ml_fit`, the
+loop closure's floor), and its pull (p_ML - p_true) / sigma_CR (sigma from `stats.cramer_rao` of proxy1d's
 Fisher information at the truth). The pulls' standard deviation over the seeds should be 1
 (tests/test_ml_covariance.py checks it on multinomial counts); this checks the written events themselves. One line
 per seed in runs/proxy1d_ml_scatter/START-STOP.jsonl (resumable: finished seeds are skipped) and a summary at the
@@ -49,14 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     bound = stats.cramer_rao(Proxy1D(cfg, "cpu", 0).fisher(truth), n)
     path = Path(a.out) / f"{lo}-{hi}{'' if a.events is None else f'-n{n}'}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = {json.loads(line)["seed"]: json.loads(line)["pull"] for line in path.read_text().splitlines()} \
-        if path.exists() else {}
+    done = {d["seed"]: d["pull"] for d in map(json.loads, path.read_text().splitlines())} if path.exists() else {}
     t0 = time.time()
     with path.open("a") as f:
         for seed in (s for s in range(lo, hi) if s not in done):
             arrays, attrs = generate_subset(Proxy1D, cfg, seed, n, np.array([[0, n]]))
-            x, counts = loop_closure._binned(arrays["events"], cfg)
-            pull = (loop_closure.ml_fit_counts(x, counts, attrs["norms"], cfg, truth * 1.01) - truth) / bound
+            pull = (loop_closure.ml_fit(arrays["events"], attrs["norms"], cfg, truth * 1.01) - truth) / bound
             done[seed] = pull.tolist()
             f.write(json.dumps({"seed": seed, "pull": done[seed]}) + "\n")
             f.flush()  # a line per finished seed: an interrupted call resumes after it
