@@ -33,8 +33,10 @@ fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of 
 ensemble runs it in sagips.run's default mode instead (M independent ranks, whose mean and spread analyze quotes).
 
 Each replica writes DIR/coverage/CASE-KKK.json as it finishes (--commit: and commits that file alone); a rerun skips
-the replicas whose JSON holds the same profile (resume). The page DIR/coverage.md is generated whole from the JSON;
-notes by hand go to DIR/coverage.notes.md, which this script links and never writes. The page opens with a
+the replicas whose JSON holds the same profile (resume). Each record also holds a digest of the preset's settings:
+a rerun refuses to resume a profile whose preset changed since (move its records to a subfolder, where the page shows
+them as superseded), and the summary leaves such a profile out. The page DIR/coverage.md is generated whole from the
+JSON; notes by hand go to DIR/coverage.notes.md, which this script links and never writes. The page opens with a
 summary: per case and workflow, the largest profile that ran today's defaults (SAME_AS_DEFAULT, at_defaults).
 
 Reported per parameter: the pull (p^ - p_true)/sigma (mean and width), the coverage of +-1 sigma and +-2 sigma, and the
@@ -220,6 +222,27 @@ def config_of(args: argparse.Namespace, case: str) -> str | None:
     return CASES[case][0] if args.workflow == "ensemble" or case == "proxy1d" else None
 
 
+def preset_digest(config: str | None) -> str | None:
+    """A digest of the preset's settings (the YAML file's parsed contents, or an ENV:NAME preset's dict; not its
+    comments), recorded in each replica: a profile's id names its --set, not the preset's contents, so a preset
+    edited under a study would otherwise let a rerun resume, and the page pool, records of two settings. None where
+    there is no preset or it cannot be read here (an ENV:NAME whose environment is not importable)."""
+    from sagips.config import is_preset, load_yaml, preset
+
+    if config is None:
+        return None
+    try:
+        raw = preset(config) if is_preset(config) else load_yaml(str(ROOT / config))
+    except Exception:  # noqa: BLE001 (an unknown environment, an unreadable file: not known here)
+        return None
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def stale_preset(rs: list[dict], digest: str | None) -> dict | None:
+    """The first record of `rs` made with other preset settings than `digest` (both known), or None."""
+    return next((r for r in rs if digest and r.get("preset") and r["preset"] != digest), None)
+
+
 def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     """coverage/CASE-KKK.json for the case's preset; a workflow or --set settings of its own get a name of their own,
     so that a variant never overwrites the preset's records; --smoke's are CASE[-run]-smoke-KKK.json, so that a smoke
@@ -277,7 +300,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
     return {"case": case, "replica": k, "seed": seed, "train_seed": seed + args.seed_offset,
-            "profile": profile(args, case), "events": events,
+            "profile": profile(args, case), "preset": preset_digest(cfg), "events": events,
             "subset_fraction": float(ecfg.subset_fraction),
             "names": [c["name"] for c in conv], "truth": truth.tolist(),
             "gan": {"p_hat": u.p_hat.tolist(), "sigma": u.sigma.tolist(), "members": u.members.tolist(),
@@ -561,6 +584,8 @@ def summary(recs: list[dict]) -> list[str]:
         by.setdefault((r["case"], wf, r["profile"]["id"]), []).append(r)
     best: dict[tuple, list[dict]] = {}
     for (case, wf, _), rs in by.items():
+        if stale_preset(rs, preset_digest(rs[0]["profile"].get("config"))):  # the preset changed since
+            continue
         if at_defaults(case, rs[0]["profile"]) and len(rs) > len(best.get((case, wf), [])):
             best[case, wf] = rs
 
@@ -793,6 +818,13 @@ def main(argv=None) -> int:
             env = child_env(pythonpath(paths))
             for case in args.case:
                 prof = profile(args, case)
+                done = [json.loads(f.read_text()) for f in sorted((out / "coverage").glob(f"{case}*.json"))]
+                old = stale_preset([r for r in done if r.get("profile", {}).get("id") == prof["id"]],
+                                   preset_digest(config_of(args, case)))
+                if old is not None:
+                    raise SystemExit(f"coverage: {case}'s preset {config_of(args, case)} changed since replica "
+                                     f"{old['replica']} of profile {prof['id']} was made: move that profile's "
+                                     f"records to {out / 'coverage'}/SUBFOLDER/ (kept as superseded) before resuming")
                 for k in range(args.replicas):
                     path = record_path(out, args, case, k)
                     if path.is_file() and json.loads(path.read_text()).get("profile", {}).get("id") == prof["id"]:

@@ -266,3 +266,42 @@ def test_t_normalised_pulls_of_an_exact_sigma_have_unit_width_and_the_verdict_re
             "missed (width; the ML fit's pulls on these data sets: 1.40)"
         assert coverage.calibration_verdict(dict(row, ml_pull_width=0.7)) == "missed"
         assert coverage.calibration_verdict(dict(row, ml_pull_width=1.0)) == "missed"
+
+
+def test_a_preset_changed_under_a_study_is_never_resumed_nor_summarised(tmp_path, monkeypatch):
+    """A profile's id names its --set, not the preset's contents: each record carries a digest of the preset's
+    settings, a rerun refuses to resume records of other settings (one line, what to do), and the summary leaves
+    them out; a comment edited in the preset changes nothing."""
+    preset = coverage.ROOT / "configs" / "proxy1d-quick.yaml"
+    today = coverage.preset_digest("configs/proxy1d-quick.yaml")
+    assert today and coverage.preset_digest(str(preset)) == today and coverage.preset_digest(None) is None
+    commented = tmp_path / "commented.yaml"
+    commented.write_text("# a new comment\n" + preset.read_text())
+    assert coverage.preset_digest(str(commented)) == today
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(preset.read_text().replace("lr_d: 1.0e-3", "lr_d: 2.0e-3"))
+    assert coverage.preset_digest(str(edited)) not in (None, today)
+
+    args = coverage.parse_args(["--case", "proxy1d", "--replicas", "2", "--out", str(tmp_path)])
+    prof = coverage.profile(args, "proxy1d")
+    rec = {"case": "proxy1d", "replica": 0, "profile": prof, "preset": "0123456789ab"}
+    (tmp_path / "coverage").mkdir()
+    coverage.record_path(tmp_path, args, "proxy1d", 0).write_text(json.dumps(rec))
+
+    def no_training(*a, **k):
+        raise AssertionError("a replica was trained on top of records of another preset")
+
+    monkeypatch.setattr(coverage, "replica", no_training)
+    with pytest.raises(SystemExit, match=r"preset configs/proxy1d-quick.yaml changed since replica 0 of profile "
+                                         rf"{prof['id']} was made: move .* before resuming"):
+        coverage.main(["--case", "proxy1d", "--replicas", "2", "--out", str(tmp_path)])
+    assert coverage.stale_preset([rec], today) is rec
+    assert coverage.stale_preset([dict(rec, preset=today)], today) is None
+    assert coverage.stale_preset([{k: v for k, v in rec.items() if k != "preset"}], today) is None  # older records
+    folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
+    proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
+    assert any(ln.startswith("| proxy1d | r_0 | 054f4872d7b7 |") for ln in coverage.summary(proxy))
+    proxy[-1]["preset"] = "0123456789ab"  # one record of other settings: the profile is not today's preset
+    lines = coverage.summary(proxy)
+    assert not any("054f4872d7b7" in ln for ln in lines) and any(ln.startswith("| proxy1d |") and "not measured" in ln
+                                                                 for ln in lines)
