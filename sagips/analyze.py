@@ -244,17 +244,20 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
              *quotable(summary), "",
              "## Normalised residuals at the last time step (Table IV style)", "",
              ("r̂_i = (p_i − p̂_i)/p_i of the ensemble mean p̂ (eq. 6, 7) ± 1σ = σ_i/|p_i| (eq. 8), in units of "
-              "10⁻³."), ""]
+              "10⁻³. This σ is the paper's: the spread of single members (runs) about their mean, not the error of "
+              "p̂ quoted above (that is about σ/√M, with its other parts)."), ""]
     lines.append("| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |")
     lines.append("|---|---:|" + "---:|" * len(groups))
     truth = groups[0]["truth"]
     for i, pname in enumerate(summary["parameters"]):
         label = f"r̂_{i}" if pname == f"r_{i}" else f"r̂ ({pname})"
-        cells = [f"{g['final']['residual_1e3'][i]:.1f} ± {g['final']['residual_sigma_1e3'][i]:.1f}" for g in groups]
+        cells = [f"{g['final']['residual_1e3'][i]:.1f}" + (f" ± {g['final']['residual_sigma_1e3'][i]:.1f}"
+                                                            if g["n_runs"] > 1 else " (one run: no spread)")
+                 for g in groups]
         lines.append(f"| {label} | {truth[i]:g} | " + " | ".join(cells) + " |")
     lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
-    lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" for g in groups)
-                 + " |")
+    lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" if g["n_runs"] > 1
+                                                       else "n/a" for g in groups) + " |")
     lines += ["", "## Groups", "",
               ("| group | runs (M) | modes | ranks per run | last common epoch | training time at it [s] | "
                "analysis rate, eq. 9 [events/s] |"), "|---|---:|---|---|---:|---:|---:|"]

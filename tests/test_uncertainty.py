@@ -472,3 +472,29 @@ def test_analyze_floors_members_that_agree_more_than_proxy1ds_data_allow(tmp_pat
     np.testing.assert_allclose(u["sigma"], bound * math.sqrt(1 + 1 / 4), rtol=1e-4)  # seen 0.5, M = 4
     assert u["floored"] == [True] * 6 and u["dof"] == [None] * 6  # inf in JSON
     assert "σ's spread part is the data's floor" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def test_sigma_far_above_the_bound_is_noted():
+    """A note where sigma exceeds FAR_FROM_FLOOR bounds, none just below it or without a bound."""
+    bound = np.array([0.01, 0.02])
+    limit = stats.FAR_FROM_FLOOR
+    notes = stats.above_cramer_rao(["a", "b"], bound * limit * np.array([1.01, 0.99]), bound)
+    assert len(notes) == 1 and notes[0].startswith("a: σ ") and f"is {limit * 1.01:.0f}x" in notes[0]
+    assert stats.above_cramer_rao(["a"], np.array([1.0]), np.array([np.nan])) == []
+    assert stats.above_cramer_rao(["a"], np.array([np.nan]), np.array([0.01])) == []
+
+
+def test_analyze_notes_members_far_apart_on_proxy1d(tmp_path, truth):
+    """End to end: four proxy1d members 2 % apart, far beyond the bound of 1e8 events, get the note in the summary
+    for exactly the parameters whose sigma is beyond FAR_FROM_FLOOR bounds."""
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-2
+    for m in range(4):
+        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
+                  events=100_000_000)
+    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
+                 "--final-noise-samples", "4"]) == 0
+    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    ratio = np.array(u["sigma"]) / np.array(u["cramer_rao"])
+    far = [f"r_{i}" for i in range(6) if ratio[i] > stats.FAR_FROM_FLOOR]
+    assert far and [n.split(":")[0] for n in u["notes"] if "far apart" in n] == far
+    assert "x the data's Cramér-Rao bound" in (tmp_path / "rep" / "summary.md").read_text()

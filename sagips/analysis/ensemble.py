@@ -483,6 +483,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         # (the scatter's own estimate of the members' part, s x factor: with the bound in it, it is never below)
         u.notes.extend(stats.below_cramer_rao(names, u.scatter * u.factor, u.cramer_rao, u.n_members,
                                               options=final is None or final.options))
+    if u.cramer_rao is not None and u.spread_from == "members":  # a spread of members far beyond the data's error
+        u.notes.extend(stats.above_cramer_rao(names, u.sigma, u.cramer_rao))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

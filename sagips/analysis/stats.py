@@ -571,6 +571,26 @@ def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarra
     return out
 
 
+#: sigma above this many Cramér-Rao bounds is noted: training noise, not the data, sets it (a fit at the data's
+#: floor has sigma ~1-1.5 bounds; proxy1d's preset ends at 1.4 along its weakest valley, toy1d's at 3.3-4.5)
+FAR_FROM_FLOOR = 5.0
+
+
+def above_cramer_rao(names: Sequence[str], sigma: np.ndarray, bound: np.ndarray,
+                     limit: float = FAR_FROM_FLOOR) -> list[str]:
+    """A note per parameter whose sigma is more than `limit` times its Cramér-Rao bound: the members are far apart
+    compared with what the data allow, so p^ +- sigma, though it quotes that spread, is much less precise than the
+    data's maximum would be."""
+    out = []
+    for name, s, b in zip(names, np.asarray(sigma, dtype=np.float64), np.asarray(bound, dtype=np.float64)):
+        if math.isfinite(s) and math.isfinite(b) and b > 0 and s > limit * b:
+            out.append(f"{name}: σ {s:.3g} is {s / b:.0f}x the data's Cramér-Rao bound {b:.3g}: the members are far "
+                       f"apart, so training noise, not the data, sets σ; p̂ ± σ quotes that spread, but the data "
+                       f"allow a far smaller error: train longer (train.epochs) and check each member's own "
+                       f"convergence at the end of its run (docs/analysis.md, \"σ far above the data's error\")")
+    return out
+
+
 def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
     """The Monte-Carlo error (P,) of p^ = the mean over members and over K shared noise vectors, from `preds`
     (N, K, P): the standard deviation over the noise of the members' mean prediction, / sqrt(K).
