@@ -455,17 +455,23 @@ def test_sigma_is_floored_at_the_datas_error():
     assert conv[0]["sigma"] == 0.05 and "Cramér-Rao" in conv[0]["message"] and conv[0]["moving"] is False
 
 
+def analyze_four_members(tmp_path, truth, apart: float, events: int) -> dict:
+    """Four proxy1d members at truth * (1 + apart * (1, -1, 0.5, -0.5)) on a data set of `events`: analyze's
+    summary.json uncertainty of their group."""
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * apart
+    for m in range(4):
+        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
+                  events=events)
+    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
+                 "--final-noise-samples", "4"]) == 0
+    return json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+
+
 def test_analyze_floors_members_that_agree_more_than_proxy1ds_data_allow(tmp_path, truth):
     """The wiring, end to end: proxy1d's Fisher information (tests/test_ml_covariance.py checks it against the ML
     fit) gives analyze the bound of the run's 10,000 events; four members 1e-5 apart are far below it, so sigma is
     the data's floor for every parameter, and the summary says so."""
-    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 1e-5
-    for m in range(4):
-        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
-                  events=10_000)
-    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
-                 "--final-noise-samples", "4"]) == 0
-    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    u = analyze_four_members(tmp_path, truth, 1e-5, 10_000)
     env, _ = proxy1d()
     bound = stats.cramer_rao(env.fisher(np.array(u["p_hat"])), 10_000)
     np.testing.assert_allclose(u["cramer_rao"], bound, rtol=1e-6)
@@ -487,13 +493,7 @@ def test_sigma_far_above_the_bound_is_noted():
 def test_analyze_notes_members_far_apart_on_proxy1d(tmp_path, truth):
     """End to end: four proxy1d members 2 % apart, far beyond the bound of 1e8 events, get the note in the summary
     for exactly the parameters whose sigma is beyond FAR_FROM_FLOOR bounds."""
-    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-2
-    for m in range(4):
-        write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
-                  events=100_000_000)
-    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
-                 "--final-noise-samples", "4"]) == 0
-    u = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    u = analyze_four_members(tmp_path, truth, 2e-2, 100_000_000)
     ratio = np.array(u["sigma"]) / np.array(u["cramer_rao"])
     far = [f"r_{i}" for i in range(6) if ratio[i] > stats.FAR_FROM_FLOOR]
     assert far and [n.split(":")[0] for n in u["notes"] if "far apart" in n] == far
