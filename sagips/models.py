@@ -34,6 +34,40 @@ def mlp(n_in: int, n_out: int, hidden: int = 128, layers: int = 4, slope: float 
     return net
 
 
+class ScaledInput(nn.Sequential):
+    """An nn.Sequential that standardises its input first: net((x - shift) / scale), per column. Its layers and
+    state-dict keys are the wrapped Sequential's (shift and scale are buffers that are not saved: they come from
+    the problem, not from training). A critic fed raw events of a wide range (x in [0, 10]) starts with large
+    logits and sits at chance for hundreds of steps before it learns (docs/environments.md, "What the base class
+    supplies", Networks)."""
+
+    def __init__(self, net: nn.Sequential, shift, scale):
+        super().__init__(*net)
+        self.register_buffer("shift", torch.as_tensor(shift, dtype=torch.float32), persistent=False)
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward((x - self.shift) / self.scale)
+
+
+@torch.no_grad()
+def kinks_at(net: nn.Sequential, points: torch.Tensor, seed: int = 0) -> nn.Sequential:
+    """Put each first-layer unit's kink on a point of `points` (N, n_in): bias_j = -w_j . x_j, the x_j evenly spaced
+    quantiles of the points for one column, rows drawn with a generator of its own (`seed`) for several. With zero
+    biases (kaiming_init) every kink of a critic's first layer lies at the input's origin; a narrow feature of the
+    events far from it (a peak at 5 on [0, 10]) is then invisible to the critic for hundreds of steps, while kinks
+    spread over the reference events resolve it at once (tests/test_critic_scale.py)."""
+    first = net[0]
+    n = first.out_features
+    pts = points.to(first.weight.dtype)[::max(1, len(points) // 1_000_000)]  # (torch.quantile's size limit)
+    if pts.shape[1] == 1:
+        x = torch.quantile(pts[:, 0], (torch.arange(n, dtype=pts.dtype) + 0.5) / n)[:, None]
+    else:
+        x = pts[torch.randint(len(pts), (n,), generator=torch.Generator().manual_seed(seed))]
+    first.bias.copy_(-(first.weight * x).sum(dim=1))
+    return net
+
+
 @torch.no_grad()
 def kaiming_init(net: nn.Module, slope: float = 0.2) -> None:
     """Kaiming-normal weights for the leaky-ReLU gain, zero biases, on every Linear layer.

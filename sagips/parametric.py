@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment, EnvironmentCheckError
-from sagips.models import mlp, start_generator
+from sagips.models import ScaledInput, kinks_at, mlp, start_generator
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 from sagips.simfisher import binned_fisher
@@ -392,7 +392,31 @@ class ParametricEnvironment(Environment):
         return start_generator(G, c.g_out_scale, c.g_start).to(self.device)
 
     def build_discriminator(self) -> torch.nn.Module:
-        return mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers).to(self.device)
+        """The critic, on standardised events (`critic_scale`), its first layer's kinks at reference events
+        (`sagips.models.kinks_at`)."""
+        shift, scale = self.critic_scale()
+        D = ScaledInput(mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers), shift, scale)
+        data = getattr(self, "data", None)
+        if data is not None and len(data) >= 2:
+            kinks_at(D, (data.reshape(len(data), -1).float().cpu() - D.shift) / D.scale)
+        return D.to(self.device)
+
+    def critic_scale(self) -> tuple[list[float], list[float]]:
+        """(shift, scale) per event column that standardise the events for the critic: the mean and standard
+        deviation of the reference events this rank holds (where the events are, not the support's middle: smear1d's
+        lie in the first fifth of theirs, and support scaling cost its resolution 27 sigma_ML); before any are
+        attached, the support's middle and half-width where the events lie in it (the density form; a simulator
+        whose class sets `support`), else no change."""
+        w = self.event_width
+        data = getattr(self, "data", None)
+        if data is not None and len(data) >= 2:
+            d = data.reshape(len(data), -1).double()
+            sd = d.std(dim=0)
+            return d.mean(dim=0).tolist(), torch.where(sd > 0, sd, torch.ones_like(sd)).tolist()
+        if self.pipeline_method == "density" or self.clips_events:
+            lo, hi = (float(v) for v in self.support)
+            return [(lo + hi) / 2] * w, [(hi - lo) / 2] * w
+        return [0.0] * w, [1.0] * w
 
     # -- one epoch ----------------------------------------------------------------------------------------------
     def noise(self, n: int) -> torch.Tensor:
