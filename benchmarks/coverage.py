@@ -197,6 +197,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
         prof["g_start"] = STARTED_APART
     if sized_by_default(args, case):  # events_per_sample=auto and 64 x 3 networks from SIZED_FROM on: the same
         prof["sized"] = SIZED
+    if critic_scaled(case):  # the critic on the data's scale from CRITIC_SCALED_FROM on: the same
+        prof["critic"] = CRITIC
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
@@ -215,6 +217,12 @@ def sized_by_default(args: argparse.Namespace, case: str) -> bool:
     (environment.events_per_sample=auto, 64 x 3), none of them named in --set."""
     keys = ("environment.events_per_sample=", "environment.hidden=", "environment.layers=")
     return case in PARAMETRIC and not any(s.startswith(keys) for s in args.set)
+
+
+def critic_scaled(case: str) -> bool:
+    """Whether a case's critic sees events standardised by the rank's reference data, its first layer's kinks at
+    them (every ParametricEnvironment from CRITIC_SCALED_FROM on; no setting turns it off)."""
+    return case in PARAMETRIC
 
 
 def config_of(args: argparse.Namespace, case: str) -> str | None:
@@ -391,8 +399,9 @@ STARTED_APART = 0.8
 #: (environment.events_per_sample=auto) and has networks of 64 x 3 (was 100 events, 128 x 4)
 SIZED_FROM = "6aac2a4"
 SIZED = "events_per_sample=auto, 64x3"
-#: the commit from which a ParametricEnvironment's critic sees standardised events with kinks at them (page text)
+#: the commit from which a ParametricEnvironment's critic sees standardised events with kinks at them
 CRITIC_SCALED_FROM = "6ac22ee"
+CRITIC = "data's scale, kinks at the events"
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
 
@@ -411,6 +420,13 @@ def seeds_of(prof: dict) -> str:
     return f", training seed 1000+k+{prof['seed_offset']}" if prof.get("seed_offset") else ""
 
 
+def defaults_of(prof: dict) -> str:
+    """The heading's words for the defaults a ParametricEnvironment profile ran, each a profile of its own."""
+    return "".join(text for key, text in (("g_start", ", members started apart (the default)"),
+                                          ("sized", ", batch sized from the data (the default)"),
+                                          ("critic", ", critic on the data's scale (the default)")) if key in prof)
+
+
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict], label: str = "") -> list[str]:
     """Workflow run (issue 36, item 3): how far one untuned run ends from the truth, in units of the data's own ML
     error, against the floor of a run whose ranks keep subset_fraction f each (sigma_ML / sqrt(seen))."""
@@ -420,7 +436,7 @@ def floor_table(case: str, pid: str, prof: dict, rs: list[dict], label: str = ""
     lines = [f"## {case}: the floor without tuning (profile {pid}: one run of {ranks} ranks, {mode}, "
              f"{'the preset ' + prof['config'] if prof['config'] else 'the environment defaults, no preset'}"
              f"{', settings ' + ' '.join(prof['set']) if prof['set'] else ''}"
-             f"{', batch sized from the data (the default)' if 'sized' in prof else ''}{seeds_of(prof)}){label}", "",
+             f"{defaults_of(prof)}{seeds_of(prof)}){label}", "",
              f"{len(rs)} data set(s); {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; {code_of(rs)}. "
              f"Error = (p̂ − p_true) in units of the ML fit's σ on the same events (a profile with a record "
              f"without it: the ML fits' rms error over the data sets). A run "
@@ -569,7 +585,7 @@ def at_defaults(case: str, prof: dict) -> bool:
     by_default = "g_start" in prof
     if not (by_default or f"environment.g_start={STARTED_APART}" in prof["set"]):
         return False
-    if "sized" not in prof:  # trained before the batch was sized from the data
+    if "sized" not in prof or "critic" not in prof:  # before the batch was sized, or the critic scaled, by the data
         return False
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 
@@ -660,8 +676,7 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         kf = prof.get("final_noise_samples", prof["noise_samples"])
         lines += [f"## {case} (profile {pid}: M = {prof['members']}, {rs[0]['events']} events, "
                   f"settings {' '.join(prof['set']) or 'the preset' + (' of then' if label else '')}"
-                  f"{', members started apart (the default)' if 'g_start' in prof else ''}"
-                  f"{', batch sized from the data (the default)' if 'sized' in prof else ''}{seeds_of(prof)}, "
+                  f"{defaults_of(prof)}{seeds_of(prof)}, "
                   f"p̂ on {kf} noise vectors){label}", "",
                   f"{len(rs)} replica(s); training + analysis {sum(r['wall_s'] for r in rs) / 60:.1f} min in all; "
                   f"{code_of(rs)}.", "",
@@ -782,11 +797,11 @@ def page(out: Path) -> str:
              "had them already); before, 100 events and 128 x 4. Those profiles are their own (the heading says "
              "`batch sized from the data`); only they count as today's defaults.", "",
              f"From commit {CRITIC_SCALED_FROM} on, a ParametricEnvironment's critic sees events standardised by "
-             "the rank's reference data, its first layer's kinks at them (docs/environments.md). smear1d's and toy1d's "
-             "profiles above were made before; their ids are unchanged, because one run on each of the five data sets "
-             "of their one-run profiles ended as near the truth as before (rms 0.83, 1.32 and 1.15-1.31 σ_ML against "
-             "0.81, 1.47 and 1.15-1.59; coverage.notes.md, twenty-fifth session): an ensemble calibration at the new "
-             "critic is still to run.", ""]
+             "the rank's reference data, its first layer's kinks at them (docs/environments.md). Those profiles are "
+             "their own (the heading says `critic on the data's scale`); only they count as today's defaults. Before "
+             "the ensembles were run again, one run on each of the five data sets of smear1d's and toy1d's one-run "
+             "profiles ended as near the truth as with the raw critic (rms 0.83, 1.32 and 1.15-1.31 σ_ML against "
+             "0.81, 1.47 and 1.15-1.59; coverage.notes.md, twenty-fifth session).", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += summary(recs) + groups_tables(recs, "")

@@ -124,17 +124,20 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
                                     "environment.g_start=0.8", "--out", str(tmp_path)])
     sized = coverage.profile(explicit, "toy1d")  # the batch sized from the data (SIZED_FROM on): a profile apart
     assert sized["sized"] == coverage.SIZED and sized["id"] != "0e92873fcb71"
-    with monkeypatch.context() as m:  # as before the batch was sized from the data
+    assert sized["critic"] == coverage.CRITIC  # the critic on the data's scale (CRITIC_SCALED_FROM on): the same
+    with monkeypatch.context() as m:  # as before the batch was sized from the data and the critic scaled by it
         m.setattr(coverage, "sized_by_default", lambda a, case: False)
+        m.setattr(coverage, "critic_scaled", lambda case: False)
         assert coverage.profile(explicit, "toy1d")["id"] == "0e92873fcb71"  # an explicit start: its records' id
     named = coverage.parse_args(["--case", "smear1d", "--set", "environment.events_per_sample=100", "--out",
                                  str(tmp_path)])
     assert "sized" not in coverage.profile(named, "smear1d")  # a batch named in --set: not today's defaults
     proxy = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
-    assert "g_start" not in coverage.profile(proxy, "proxy1d")  # no such option there
+    assert not {"g_start", "critic"} & set(coverage.profile(proxy, "proxy1d"))  # not a ParametricEnvironment
     assert coverage.record_path(tmp_path, proxy, "proxy1d", 0).name == "proxy1d-000.json"
     monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the defaults changed
     monkeypatch.setattr(coverage, "sized_by_default", lambda a, case: False)
+    monkeypatch.setattr(coverage, "critic_scaled", lambda case: False)
     assert coverage.profile(args, "smear1d")["id"] == "6acd8c3da6b4" != new["id"]  # the middle start's records
     assert coverage.record_path(tmp_path, args, "smear1d", 3).name == "smear1d-003.json"
 
@@ -142,8 +145,9 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
 def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     """The page's summary picks, per case and workflow, the largest profile that ran the shipped defaults: the
     members started apart (and toy1d preconditioned), the batch sized from the data, no other setting; and says
-    'not measured' where none did. The records on disk are from before the batch was sized from the data: here they
-    pose as made after it (their profiles marked `sized`), and as they are, none is at today's defaults."""
+    'not measured' where none did. The records on disk are from before the batch and the critic's scale came from the
+    data: here they pose as made after both (their profiles marked `sized` and `critic`); as they are, none is at
+    today's defaults, nor with only one of the two marks."""
     from pathlib import Path
 
     from sagips.config import load
@@ -163,9 +167,11 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
 
     def records(name):
         rs = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{name}-[0-9][0-9][0-9].json"))]
-        assert not any(coverage.at_defaults(r["case"], r["profile"]) for r in rs if "sized" not in r["profile"])
+        assert not any(coverage.at_defaults(r["case"], r["profile"]) for r in rs if "critic" not in r["profile"])
         for r in rs:
             r["profile"]["sized"] = coverage.SIZED
+            assert not coverage.at_defaults(r["case"], r["profile"])  # sized, but the critic on raw events
+            r["profile"]["critic"] = coverage.CRITIC
         return rs
 
     default, middle = records("smear1d-3ae62d8d97a4"), records("smear1d")  # started apart / at the box's middle
