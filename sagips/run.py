@@ -4,6 +4,7 @@
     mpiexec -n 4 python -m sagips.run --config configs/proxy1d-quick.yaml --mode rma-arar-arar \\
         --set comm.inner_size=2 --output-dir runs/quick     # 4 ranks posing as 2 nodes x 2 GPUs
     python -m sagips.run --help-config                      # every config key, its default and meaning
+    python -m sagips.run --help-config --config toy1d:quick # every key as this preset resolves it
 
 Flow: config (validated before any work) -> MPI topology -> reference data (rank 0 loads or generates it and
 broadcasts it) -> environment + networks on the rank's device -> Trainer.fit() -> run.json.
@@ -60,15 +61,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="named profiler ranges around the epoch, critic step, "
                    "generator step, data and exchange (train.profile=true): NVTX on CUDA, e.g. under "
                    "`nsys profile -t cuda,nvtx`, and torch.profiler.record_function on every device")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit; with --config, --set or "
+                   "flags, the value each key would have in that run")
     return p.parse_args(argv)
 
 
-def print_config_help() -> None:
+def print_config_help(args: argparse.Namespace | None = None) -> None:
+    """Every config key with its library default and each environment's own keys and defaults; with --config, --set
+    or a flag, every key as that command line resolves it (the environment's `config_defaults` and the preset
+    included), so that a user sees what a run would use."""
     from sagips.config import Config
     from sagips.environment import available
 
-    print("Config keys (set them in a --config YAML or with --set KEY=VALUE):\n")
+    flags = cli_flags(args) if args is not None else {}
+    if args is not None and (args.config or args.set or any(v is not None for v in flags.values())):
+        cfg = load(args.config, args.set, flags)
+        what = " ".join(([f"--config {args.config}"] if args.config else []) + [f"--set {s}" for s in args.set])
+        print(f"Config keys as {what or 'these flags'} resolve them (* differs from the library's default):\n")
+        for prefix, cls, values in (("", Config, cfg), ("environment.", type(cfg.environment), cfg.environment)):
+            for key, default, help_ in describe(cls, prefix):
+                value = values
+                for part in key[len(prefix):].split("."):
+                    value = getattr(value, part)
+                mark = "*" if value != default else " "
+                print(f"  {key:28s} {json.dumps(value, default=str):>12s}{mark} {help_}")
+        return
+    print("Config keys (set them in a --config YAML or with --set KEY=VALUE; add --config or --set to see the values a "
+          "run would use):\n")
     for key, default, help_ in describe(Config):
         print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
     from sagips.environment import load_entry_point
@@ -83,6 +102,21 @@ def print_config_help() -> None:
         print(f"\nenvironment.* for environment.name={name}" + (f" (presets: {presets})" if presets else "") + ":\n")
         for key, default, help_ in describe(env_cls.Config, "environment."):
             print(f"  {key:28s} {json.dumps(default):>12s}  {help_}")
+        own = [f"{section}.{k}={json.dumps(v)}" for section, d in (env_cls.config_defaults or {}).items()
+               for k, v in d.items()]
+        if own:
+            print(f"  defaults of its own, beneath any preset: {' '.join(own)}")
+
+
+def cli_flags(args: argparse.Namespace) -> dict:
+    """The config keys that the command line's flags set (None: not given)."""
+    flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
+             "ensemble.members": args.ensemble_size}
+    if args.no_progress:
+        flags["train.progress"] = False
+    if args.profile:
+        flags["train.profile"] = True
+    return flags
 
 
 def versions() -> dict:
@@ -185,7 +219,11 @@ def main(argv=None, peer=None) -> int:
     device) -> the wrapped generator, .mode for run.json, close()); None for SAGIPS itself."""
     args = parse_args(argv)
     if args.help_config:
-        print_config_help()
+        try:
+            print_config_help(args)
+        except ConfigError as e:
+            print(f"sagips: error: {e}", file=sys.stderr)
+            return 2
         return 0
     if argv is None:  # a command line (not a call from Python): under a launcher, name this rank if it dies
         from sagips.supervise import supervise
@@ -265,12 +303,7 @@ def _configure(r: _Run) -> None:
     from sagips.io.shard import agree
 
     args, world = r.args, r.world
-    flags = {"mode": args.mode, "train.epochs": args.epochs, "output_dir": args.output_dir, "seed": args.seed,
-             "ensemble.members": args.ensemble_size}
-    if args.no_progress:
-        flags["train.progress"] = False
-    if args.profile:
-        flags["train.profile"] = True
+    flags = cli_flags(args)
     base = on_root(world, saved_config, args.output_dir) if (args.resume and not args.config) else None
     # agreed: a config that one rank cannot load (a preset file or an environment package missing on one node) is
     # an error of every rank, not a rank that exits while the others wait in the next collective

@@ -39,6 +39,8 @@ def test_help_config_skips_broken_entry_points(site, capsys):
     assert len(skipped) == 3 and all("package 'sagips-broken'" in line for line in skipped)
     assert "environment.name=proxy1d:" in out and "environment.* for environment.name=toy1d (presets: " \
         "--config toy1d:quick):" in out and "environment.true_params" in out
+    # a ParametricEnvironment (toy1d): its own training defaults are listed beneath its keys
+    assert "  defaults of its own, beneath any preset: train.epochs=2000 " in out
 
 
 def test_broken_entry_point_from_the_command_line(tmp_path):

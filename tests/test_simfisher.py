@@ -112,6 +112,12 @@ def test_a_simulator_without_a_derivative_or_of_wide_events_has_none():
     assert env.fisher([0.2, 0.5]) is None
     steps = simulator_env("test_simfisher_steps", {"a": (0.2, 1.0)}, lambda self, p, u: torch.floor(10 * p[:, None] + u))
     assert steps.fisher([0.5]) is None  # a discrete simulator: its events have no derivative
+    # analyze's note names the reason: the events' width, or the derivative (not the derivative for wide events)
+    from sagips.analysis.ensemble import _fisher_at
+
+    wide_note, step_note = _fisher_at(env, np.array([0.2, 0.5])), _fisher_at(steps, np.array([0.5]))
+    assert "one column per event only" in wide_note and "have 2:" in wide_note and "derivative" not in wide_note
+    assert "no finite derivative" in step_note
 
 
 def test_a_parameter_the_events_ignore_gives_a_singular_information():
