@@ -502,13 +502,11 @@ class ParametricEnvironment(Environment):
         """The data's Fisher information per event (P, P) at physical parameters p (P,), in float64 (sagips.analyze
         reads the Cramér-Rao bound and strongly correlated parameters from it). The density form: the integral over
         the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights), where f > 0;
-        None where the density is negative or not finite at p. The simulate form with one column per event: the
-        information of its events in 64 bins (edges evenly spaced in logit of the CDF), from 2^21 simulated events
-        and their derivatives (sagips/simfisher.py); None for wider events, or where the simulator gives no finite
-        derivative."""
+        None where the density is negative or not finite at p. The simulate form: the information of its events in
+        64 bins (edges evenly spaced in logit of the CDF), or for events of several columns in the cells of a grid
+        of their decorrelated columns, from 2^21 simulated events and their derivatives (sagips/simfisher.py); None
+        where the simulator gives no finite derivative."""
         if self.pipeline_method != "density":
-            if self.event_width != 1:
-                return None
             q = torch.as_tensor(np.asarray(p, dtype=np.float64)).float()
             return binned_fisher(self._events, q.to(self.device), self.n_uniforms or 1)
         x = self.x.detach().to("cpu", torch.float64)

@@ -1,4 +1,4 @@
-"""The Fisher information of a simulator's events, for a simulator of one observable (issue 36).
+"""The Fisher information of a simulator's events (issue 36): one column per event here, several in `cell_fisher`.
 
 A `ParametricEnvironment` in the simulate form has no density, so its data's Cramér-Rao bound cannot be integrated
 as the density form's is. It is estimated from the simulator itself. With x = simulate(p, u) for n fixed uniforms u,
@@ -39,6 +39,8 @@ import torch
 #: defaults of `binned_fisher`: 2^21 events and 64 bins (the bound's noise ~0.1-0.4 %, its loss under 1 % on smear1d)
 N_EVENTS = 1 << 21
 BINS = 64
+CELLS = 4096  #: cells of the grid for events of several columns (64 x 64 for two, 16^3 for three; `cell_fisher`)
+CELL_CHUNK = 1 << 15  #: events per step of `cell_fisher` (their memberships of every cell: 256 MiB in float64)
 WIDTH = 0.5  #: the kernel's width at an edge, in gaps to the nearest edge
 CUT = 6.0  #: the kernel is cut at this many widths
 TAIL_EVENTS = 400  #: events in each outermost bin
@@ -52,8 +54,9 @@ def binned_fisher(events: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], 
                   n_events: int = N_EVENTS, bins: int = BINS, seed: int = SEED) -> np.ndarray | None:
     """The information per event (P, P), in float64, of the events of `events(q, u)` at physical parameters p (P,).
 
-    `events` maps parameters q (m, P) and uniforms u (m, 1, n_uniforms) to events (m, 1, 1) (every row of q is p, so
-    that each event has its own derivative). None where the simulator gives no derivative, or a non-finite one."""
+    `events` maps parameters q (m, P) and uniforms u (m, 1, n_uniforms) to events (m, 1, W) (every row of q is p, so
+    that each event has its own derivative). W > 1 columns: the cells of `cell_fisher`. None where the simulator
+    gives no derivative, or a non-finite one."""
     q0 = torch.as_tensor(p, dtype=torch.float32).reshape(1, -1)  # (its device: the simulator's)
     gen = torch.Generator(device=q0.device).manual_seed(seed)
     xs, js = [], []
@@ -62,26 +65,26 @@ def binned_fisher(events: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], 
         q = q0.expand(m, -1).clone().requires_grad_(True)
         u = torch.rand((m, 1, n_uniforms), generator=gen, device=q0.device)
         with torch.enable_grad():
-            x = events(q, u).reshape(m)
+            x = events(q, u).reshape(m, -1)
             if not x.requires_grad:
                 return None
-            (jac,) = torch.autograd.grad(x.sum(), q, allow_unused=True)
-        if jac is None:
+            jac = [torch.autograd.grad(x[:, c].sum(), q, allow_unused=True, retain_graph=True)[0]
+                   for c in range(x.shape[1])]  # dx_c/dp per event and column
+        if any(j is None for j in jac):
             return None
         xs.append(x.detach().cpu().double())
-        js.append(jac.cpu().double())
+        js.append(torch.stack(jac, dim=1).cpu().double())  # (m, W, P)
     x, jac = torch.cat(xs), torch.cat(js)
     if not (bool(torch.isfinite(x).all()) and bool(torch.isfinite(jac).all())):
         return None
+    if x.shape[1] > 1:
+        return cell_fisher(x, jac, bins)
+    x, jac = x[:, 0], jac[:, 0]
     order = torch.argsort(x)  # sorted once: the quantiles, the bins' counts and the kernels' windows read it
     x, jac, half = x[order], jac[order], order % 2
-    edges, walls = _inner_edges(x, jac, bins)
+    edges, width = _edges_and_widths(x, jac, bins)
     if edges is None:
         return None
-    gaps = torch.diff(edges)
-    width = WIDTH * torch.minimum(torch.cat((gaps[:1], gaps)), torch.cat((gaps, gaps[-1:])))
-    if len(walls):  # no kernel reaches a point mass (events stuck at one value: clipped to a support's edge)
-        width = torch.minimum(width, (edges[:, None] - walls[None, :]).abs().min(dim=1).values / CUT)
     # each half's derivatives of the smoothed CDF at the edges; the product of the two halves' derivatives has no
     # noise bias (one half's noise squared would add sum_b var(d mu_b) / mu_b, ~bins^3 / n_events, to I)
     cdf, dcdf = zip(*(_smoothed_cdf(x[half == h], jac[half == h], edges, width) for h in (0, 1)))
@@ -93,6 +96,84 @@ def binned_fisher(events: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], 
     cross = (dmu[0][keep] / mu[keep, None]).T @ dmu[1][keep]
     info = 0.5 * (cross + cross.T)
     return info.numpy() if bool(torch.isfinite(info).all()) else None  # (singular: stats.inverse_information says)
+
+
+def cell_fisher(x: torch.Tensor, jac: torch.Tensor, bins: int = BINS) -> np.ndarray | None:
+    """The information per event (P, P) of events of W > 1 columns, x (n, W) and their derivatives jac (n, W, P), in
+    the cells of a grid: each column cut into round(CELLS^(1/W)) bins (edges as one column's, `_inner_edges`, from
+    its own events), an event's membership of a column's bin smoothed by the same Gaussian kernels at its edges, and
+    a cell's probability mu the mean product of its columns' memberships. d mu/dp = the mean over events of
+    sum_c (d membership_c / dx_c) (dx_c/dp) prod_(c' != c) membership_c'; the two halves' derivatives are multiplied,
+    as for one column. The information between the columns (a parameter that shifts their correlation) is kept
+    where the cells resolve it; coarser cells than one column's bins lose more of it, so the bound errs further on
+    the larger side (tests/test_simfisher.py: a correlated bivariate Gaussian)."""
+    n, w = x.shape
+    per = max(2, int(round(CELLS ** (1.0 / w))))
+    try:  # decorrelated columns: the cells follow a correlated ridge (a fixed linear map keeps the information)
+        chol = torch.linalg.cholesky(torch.cov(x.T))
+        x = torch.linalg.solve_triangular(chol, (x - x.mean(dim=0)).T, upper=False).T
+        jac = torch.einsum("ij,njp->nip", torch.linalg.inv(chol), jac)
+    except RuntimeError:  # a column that is constant or a combination of others: the columns as they are
+        pass
+    grid = []
+    for c in range(w):
+        order = torch.argsort(x[:, c])
+        edges, width = _edges_and_widths(x[order, c], jac[order, c], per)
+        if edges is None:
+            return None
+        grid.append((edges, width))
+    mu, dmu = 0.0, [0.0, 0.0]
+    for h in (0, 1):  # the two halves: even and odd events
+        xh, jh = x[h::2], jac[h::2]
+        for start in range(0, len(xh), CELL_CHUNK):
+            sl = slice(start, start + CELL_CHUNK)
+            member, slope = zip(*(_memberships(xh[sl, c], *grid[c]) for c in range(w)))
+            mu = mu + _cells(member)[:, 0]
+            for c in range(w):  # column c's membership differentiated, the others' as they are
+                dmu[h] = dmu[h] + _cells([slope[k] if k == c else member[k] for k in range(w)], jh[sl, c].float())
+    mu = mu / n
+    dmu = [d / len(x[h::2]) for h, d in enumerate(dmu)]
+    keep = mu > 0
+    cross = (dmu[0][keep] / mu[keep, None]).T @ dmu[1][keep]
+    info = 0.5 * (cross + cross.T)
+    return info.numpy() if bool(torch.isfinite(info).all()) else None
+
+
+def _memberships(xc: torch.Tensor, edges: torch.Tensor, width: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Events' smoothed memberships of one column's bins (m, bins) and their derivatives in the column's value, in
+    float32 (the cells' sums over a chunk; the chunks add up in float64)."""
+    z = ((edges[None, :] - xc[:, None]) / width[None, :]).float()
+    cdf = torch.special.ndtr(z)
+    dens = torch.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * width[None, :]).float()  # d cdf / d(-x)
+    member, slope = torch.empty(len(xc), len(edges) + 1), torch.empty(len(xc), len(edges) + 1)
+    member[:, 0], member[:, 1:-1], member[:, -1] = cdf[:, 0], cdf[:, 1:] - cdf[:, :-1], 1.0 - cdf[:, -1]
+    slope[:, 0], slope[:, 1:-1], slope[:, -1] = -dens[:, 0], dens[:, :-1] - dens[:, 1:], dens[:, -1]
+    return member, slope
+
+
+def _cells(parts, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """(cells, K): the sum over events of weight (m, K) (none: ones, K = 1) times the outer product of the events'
+    rows of `parts` (one (m, bins) per column), flattened; the columns but the last as an outer product per event
+    (none for two columns), the last by one matrix product."""
+    m = len(parts[0])
+    head = parts[0][:, None, :] if weight is None else weight[:, :, None] * parts[0][:, None, :]  # (m, K, b_0)
+    for part in parts[1:-1]:
+        head = (head[..., None] * part[:, None, None, :]).reshape(m, head.shape[1], -1)
+    k = head.shape[1]
+    return (head.reshape(m, -1).T @ parts[-1]).reshape(k, -1).T.double()
+
+
+def _edges_and_widths(xs: torch.Tensor, js: torch.Tensor, bins: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One column's inner edges (`_inner_edges`, from its events sorted ascending and their derivatives) and the
+    kernel's width at each: WIDTH gaps to the nearest edge, and short of any point mass by CUT widths."""
+    edges, walls = _inner_edges(xs, js, bins)
+    if edges is None:
+        return None, walls
+    gaps = torch.diff(edges)
+    width = WIDTH * torch.minimum(torch.cat((gaps[:1], gaps)), torch.cat((gaps, gaps[-1:])))
+    if len(walls):  # no kernel reaches a point mass (events stuck at one value: clipped to a support's edge)
+        width = torch.minimum(width, (edges[:, None] - walls[None, :]).abs().min(dim=1).values / CUT)
+    return edges, width
 
 
 def _smoothed_cdf(xs: torch.Tensor, js: torch.Tensor, edges: torch.Tensor, width: torch.Tensor

@@ -429,19 +429,14 @@ def predict_final(g: GroupSeries, noise_samples: int, noise_seed: int) -> FinalP
 
 
 def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
-    """The environment's per-event Fisher information at p (ParametricEnvironment's density form, or its simulator of
-    one observable); None for an environment without one; a note where it could not be had (the check is advice
-    only)."""
+    """The environment's per-event Fisher information at p (ParametricEnvironment's density form, or its simulator);
+    None for an environment without one; a note where it could not be had (the check is advice only)."""
     fisher = getattr(env, "fisher", None)
     if not callable(fisher):
         return None
     if getattr(env, "pipeline_method", "density") == "density":
         skipped = ("the correlation check of the data's information was skipped: the density could not be "
                    "differentiated at p^, or is negative or not finite there")
-    elif getattr(env, "event_width", 1) != 1:  # (ParametricEnvironment.fisher: one observable per event only)
-        return (f"the data's information is estimated for one column per event only, and this simulator's events "
-                f"have {env.event_width}: no correlation check and no Cramér-Rao bound, so σ has no floor from the "
-                f"data (docs/analysis.md, \"What σ contains\")")
     else:
         skipped = ("the correlation check of the data's information was skipped: the simulator's events have no "
                    "finite derivative in p at p^, or are not finite there")
