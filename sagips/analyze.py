@@ -311,7 +311,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
             c = g["convergence"][i]
             state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
             z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
-            lines.append(f"| {name} | {g['truth'][i]:.6g} | {_g(u['p_hat'][i])} ± {_g(u['sigma'][i])} | "
+            lines.append(f"| {name} | {g['truth'][i]:.6g} | {_pm(u['p_hat'][i], u['sigma'][i])} | "
                          f"±{_g(u['k68'][i] * u['sigma'][i])} / ±{_g(u['k95'][i] * u['sigma'][i])} | "
                          f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])}"
                          f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
@@ -353,6 +353,15 @@ def t_note(u: dict[str, Any]) -> str:
 
 def _g(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
+
+
+def _pm(p: float | None, sigma: float | None) -> str:
+    """p ± sigma to quote: sigma to 4 significant digits and p to the same last decimal (p's own digits could
+    round it by a sizeable part of sigma: 1.489571 ± 0.004042 shown as 1.49 moved it by 0.1 sigma)."""
+    if p is None or sigma is None or not (math.isfinite(sigma) and sigma > 0) or not math.isfinite(p):
+        return f"{_g(p)} ± {_g(sigma)}"
+    decimals = max(0, 3 - math.floor(math.log10(sigma)))
+    return f"{p:.{decimals}f} ± {_g(sigma)}"
 
 
 def _f(x: float | None, spec: str) -> str:

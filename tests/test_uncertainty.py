@@ -113,6 +113,19 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     assert "the 68 % interval is ±" in md and "| noise (K) |" in md and "(not in σ)" in md
     md = (tmp_path / "rep" / "summary.md").read_text()
     assert "## Parameters: p̂ ± σ (what to quote)" in md and (tmp_path / "rep" / "uncertainty.png").stat().st_size
+    # p^ to quote: to sigma's last shown decimal (sigma to 4 significant digits), never rounded by a part of sigma
+    names = json.loads((tmp_path / "rep" / "summary.json").read_text())["parameters"]
+    for name, p, sg in zip(names, u["p_hat"], u["sigma"]):
+        row = next(ln for ln in md.splitlines() if ln.startswith(f"| {name} |"))
+        shown_p, shown_s = (float(v) for v in row.split(" | ")[2].split(" ± "))
+        assert abs(shown_p - p) <= 5e-4 * sg and abs(shown_s - sg) <= 5e-4 * sg, row
+
+
+def test_p_hat_is_shown_to_the_decimals_of_its_sigma():
+    from sagips.analyze import _pm
+
+    assert _pm(1.489571, 0.004042) == "1.489571 ± 0.004042"  # (4 significant digits: "1.49", 0.1 sigma off)
+    assert _pm(123.456, 12.3) == "123.46 ± 12.3" and _pm(2.5, 0.0) == "2.5 ± 0"
 
 
 def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
