@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from sagips.analysis import stats
+from sagips.io.refdata import NO_TRUTH
 from sagips.analysis.ensemble import (
     GROUP_KEYS,
     AnalysisError,
@@ -134,6 +135,8 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
         "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
         "labels": sorted({r.label for r in g.runs}),
         "truth": g.truth, "epochs": g.epochs, "time_s": g.time_s,
+        # a data file of the user's that names no truth: the truth is the environment's placeholder (sagips.run)
+        "truth_known": all(r.info.get("truth_known") is not False for r in g.runs),
         "p_hat": np.array([x.p_hat for x in res]), "sigma": np.array([x.sigma for x in res]),
         "residual": np.array([x.residual for x in res]), "residual_sigma": np.array([x.residual_sigma for x in res]),
         "mean_abs_residual_1e3": [1e3 * x.mean_abs_residual for x in res],
@@ -246,6 +249,8 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
              ("r̂_i = (p_i − p̂_i)/p_i of the ensemble mean p̂ (eq. 6, 7) ± 1σ = σ_i/|p_i| (eq. 8), in units of "
               "10⁻³. This σ is the paper's: the spread of single members (runs) about their mean, not the error of "
               "p̂ quoted above (that is about σ/√M, with its other parts)."), ""]
+    if not all(g.get("truth_known", True) for g in groups):
+        lines += [f"Here: {NO_TRUTH}.", ""]
     lines.append("| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |")
     lines.append("|---|---:|" + "---:|" * len(groups))
     truth = groups[0]["truth"]
@@ -307,17 +312,21 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                   "| parameter | truth | p̂ ± σ | 68 % / 95 % interval | members | ranks | drift | noise (K) | pull | "
                   "convergence |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        known = g.get("truth_known", True)
         for i, name in enumerate(summary["parameters"]):
             c = g["convergence"][i]
             state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
             z = "" if c["z"] is None else f" ({c['z']:.1f}σ)"
-            lines.append(f"| {name} | {g['truth'][i]:.6g} | {_pm(u['p_hat'][i], u['sigma'][i])} | "
+            lines.append(f"| {name} | {format(g['truth'][i], '.6g') if known else 'unknown'} | "
+                         f"{_pm(u['p_hat'][i], u['sigma'][i])} | "
                          f"±{_g(u['k68'][i] * u['sigma'][i])} / ±{_g(u['k95'][i] * u['sigma'][i])} | "
                          f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])}"
                          f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
                          f"{_g(u['sampling'][i])} | "
-                         f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
+                         f"{_f(u['pull'][i] if known else None, '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
+        if not known:
+            lines.append(f"- {NO_TRUTH}")
         if u.get("cramer_rao") is not None:
             cr = u["cramer_rao"]
             lines.append("- the Cramér-Rao bound of the data (the smallest σ of an unbiased fit to all its events, from "

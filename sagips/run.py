@@ -665,6 +665,8 @@ def _build_exchange(r: _Run) -> None:
 
 def _describe(r: _Run) -> None:
     """run.json (rank 0), the resumed state, the state marker and the stop agreement."""
+    from sagips.io import refdata
+
     cfg, comm, trainer, env, out_dir = r.cfg, r.comm, r.trainer, r.env, r.out_dir
     n_params = sum(p.numel() for p in trainer.G.parameters())
     r.run_info = run_info = {
@@ -672,6 +674,8 @@ def _describe(r: _Run) -> None:
         "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
+        # a data file of the user's that names no truth (measured data): env.truth() is only a placeholder
+        "truth_known": refdata.truth_known(r.data_file) if r.is_root else None,
         "events_per_epoch": env.events_per_epoch, "batch": r.batch, "batch_sized": r.batch_sized,
         "reference_fraction": getattr(r.env_cfg, "subset_fraction", None),
         # how the ranks took their share (sagips/io/shard.py): rank 0's key, less what differs per rank; with
@@ -822,6 +826,7 @@ def _free_node_data(r: _Run) -> None:
 def _finish(r: _Run) -> None:
     """The run's final quality (every rank's generator), timings and summary in run.json, and the table."""
     from sagips.comm import watchdog
+    from sagips.io import refdata
 
     cfg, comm, env, state, trainer = r.cfg, r.comm, r.env, r.state, r.trainer
     final_q = trainer.last_quality
@@ -851,6 +856,8 @@ def _finish(r: _Run) -> None:
               flush=True)
         if table:
             print(table, flush=True)
+        if r.run_info.get("truth_known") is False:
+            print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
         if conv:
             print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
                   flush=True)

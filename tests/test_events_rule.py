@@ -94,10 +94,18 @@ def test_a_run_sizes_it_from_the_data_it_keeps(site, tmp_path):
     path = tmp_path / "data.h5"
     with h5py.File(path, "w") as f:
         f["events"] = np.random.default_rng(0).exponential(1.0, (40_000, 1)).astype(np.float32)
-    _, info = _run(site, tmp_path / "file", f"environment.data_file={path}", "environment.subset_fraction=0.25",
-                   "train.ema=0.95")
-    assert info["batch_sized"]["events_kept"] == 10_000 and info["batch_sized"]["events_per_sample"] == 625
-    assert info["events_per_epoch"] == 8 * 625
+    r_file, info_file = _run(site, tmp_path / "file", f"environment.data_file={path}",
+                             "environment.subset_fraction=0.25", "train.ema=0.95")
+    assert info_file["batch_sized"]["events_kept"] == 10_000 and info_file["batch_sized"]["events_per_sample"] == 625
+    assert info_file["events_per_epoch"] == 8 * 625
+    # measured data (a file without true_params) name no truth: run.json and the end of the run say so
+    from sagips.io.refdata import NO_TRUTH, truth_known
+
+    assert info["truth_known"] is True and info_file["truth_known"] is False
+    assert NO_TRUTH in r_file.stdout and NO_TRUTH not in r.stdout
+    with h5py.File(path, "a") as f:  # a file that names its truth, as python -m sagips.data writes one
+        f.attrs["true_params"] = [1.0, 0.2]
+    assert truth_known(path) and truth_known(None)
 
 
 def test_split_data_and_a_split_batch_are_sized_as_one_rank_would_be(site, tmp_path):

@@ -128,6 +128,26 @@ def test_p_hat_is_shown_to_the_decimals_of_its_sigma():
     assert _pm(123.456, 12.3) == "123.46 ± 12.3" and _pm(2.5, 0.0) == "2.5 ± 0"
 
 
+def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
+    """Members trained on a user's data file that names no truth (run.json truth_known false, sagips.run): the
+    truth column says unknown, the pulls are n/a, and the report says why (residuals against a placeholder)."""
+    from sagips.io.refdata import NO_TRUTH
+
+    offsets = np.random.default_rng(3).normal(0, 0.01, size=(2, 6)) * np.abs(truth)
+    for m in range(2):
+        path = tmp_path / "job" / f"member{m:03d}"
+        write_run(path, "ensemble", series(truth, offsets[m:m + 1]), member=m)
+        info = json.loads((path / "run.json").read_text())
+        (path / "run.json").write_text(json.dumps({**info, "truth_known": False}))
+    assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
+                 "--final-noise-samples", "4"]) == 0
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| r_")][:6]
+    assert [r[1] for r in rows] == ["unknown"] * 6 and [r[8] for r in rows] == ["n/a"] * 6
+    assert md.count(NO_TRUTH) == 2  # under the p^ +- sigma table and above the residuals'
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["truth_known"] is False
+
+
 def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):
     offsets = np.array([[0.01] * 6, [-0.01] * 6]) * np.abs(truth)
     slope = np.zeros(6)
