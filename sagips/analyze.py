@@ -351,7 +351,10 @@ def t_note(u: dict[str, Any]) -> str:
     k95 = [k for k, d in zip(u["k95"], u["dof"]) if d is not None]
     if not dof:
         return "the intervals are ±σ and ±2σ"
-    rng = (lambda v, f: format(min(v), f) if max(v) - min(v) < 0.005 else f"{min(v):{f}}-{max(v):{f}}")
+    def rng(v, f):  # "a-b", or one value where both show the same
+        lo, hi = format(min(v), f), format(max(v), f)
+        return lo if lo == hi else f"{lo}-{hi}"
+
     caveat = (" (but see the note below: σ holds no statistical error)"
               if any(stats.NO_STATISTICS in n for n in u["notes"]) else "")
     return (f"σ's spread part comes from {u['n_members']} members ({u['n_members'] - 1} degrees of freedom; σ as a "

@@ -128,6 +128,15 @@ def test_p_hat_is_shown_to_the_decimals_of_its_sigma():
     assert _pm(123.456, 12.3) == "123.46 ± 12.3" and _pm(2.5, 0.0) == "2.5 ± 0"
 
 
+def test_a_range_that_rounds_to_one_value_is_shown_once():
+    from sagips.analyze import t_note
+
+    u = {"spread_from": "members", "n_members": 8, "notes": [], "dof": [7.2, 7.4], "k68": [1.08, 1.08],
+         "k95": [2.31, 2.36]}
+    note = t_note(u)
+    assert "parts, 7)" in note and "±1.08σ" in note and "±2.31-2.36σ" in note, note
+
+
 def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     """Members trained on a user's data file that names no truth (run.json truth_known false, sagips.run): the
     truth column says unknown, the pulls are n/a, and the report says why (residuals against a placeholder)."""
