@@ -130,13 +130,14 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
     rates = [r.rate() for r in g.runs]
     known = [x for x in rates if x is not None]
     u, conv = group_uncertainty(g, final=final)
+    known = all(r.info.get("truth_known") is not False for r in g.runs)
     return {
         "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
         "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
         "labels": sorted({r.label for r in g.runs}),
         "truth": g.truth, "epochs": g.epochs, "time_s": g.time_s,
         # a data file of the user's that names no truth: the truth is the environment's placeholder (sagips.run)
-        "truth_known": all(r.info.get("truth_known") is not False for r in g.runs),
+        "truth_known": known,
         "p_hat": np.array([x.p_hat for x in res]), "sigma": np.array([x.sigma for x in res]),
         "residual": np.array([x.residual for x in res]), "residual_sigma": np.array([x.residual_sigma for x in res]),
         "mean_abs_residual_1e3": [1e3 * x.mean_abs_residual for x in res],
@@ -150,7 +151,8 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
                         "members": u.members, "scatter": u.scatter, "ranks": u.ranks, "drift": u.drift,
                         "drift_added": u.drift_added, "sampling": u.sampling,
-                        "pull": (u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan),
+                        "pull": ((u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan)) if known
+                        else [None] * len(g.truth),  # (no truth: no pulls)
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
                         "split_by_bound": u.sampled is not None,
                         "dof": u.dof, "k68": u.k68, "k95": u.k95, "cramer_rao": u.cramer_rao,
@@ -215,8 +217,9 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
         header += [f"{g['name']} residual [1e-3]", f"{g['name']} sigma [1e-3]"]
     rows = []
     truth = summary["groups"][0]["truth"]
+    known = all(g.get("truth_known", True) for g in summary["groups"])  # (else the truth is a placeholder)
     for i, name in enumerate(summary["parameters"]):
-        row: list[Any] = [name, truth[i]]
+        row: list[Any] = [name, truth[i] if known else "unknown"]
         for g in summary["groups"]:
             row += [g["final"]["residual_1e3"][i], g["final"]["residual_sigma_1e3"][i]]
         rows.append(row)
@@ -323,7 +326,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                          f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])}"
                          f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
                          f"{_g(u['sampling'][i])} | "
-                         f"{_f(u['pull'][i] if known else None, '+.2f')} | {state}{z} |")
+                         f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
         if not known:
             lines.append(f"- {NO_TRUTH}")

@@ -504,8 +504,8 @@ class ParametricEnvironment(Environment):
         the support of (df/dp)(df/dp)^T / f, f normalised on the sampler's grid (trapezoid weights), where f > 0;
         None where the density is negative or not finite at p. The simulate form: the information of its events in
         64 bins (edges evenly spaced in logit of the CDF), or for events of several columns in the cells of a grid
-        of their decorrelated columns, from 2^21 simulated events and their derivatives (sagips/simfisher.py); None
-        where the simulator gives no finite derivative."""
+        of their decorrelated columns (up to simfisher.MAX_COLUMNS), from 2^21 simulated events and their derivatives
+        (sagips/simfisher.py); None for wider events, or where the simulator gives no finite derivative."""
         if self.pipeline_method != "density":
             q = torch.as_tensor(np.asarray(p, dtype=np.float64)).float()
             return binned_fisher(self._events, q.to(self.device), self.n_uniforms or 1)

@@ -74,10 +74,10 @@ def print_config_help(args: argparse.Namespace | None = None) -> None:
     from sagips.environment import available
 
     flags = cli_flags(args) if args is not None else {}
-    if args is not None and (args.config or args.set or any(v is not None for v in flags.values())):
-        cfg = load(args.config, args.set, flags)
-        what = " ".join(([f"--config {args.config}"] if args.config else []) + [f"--set {s}" for s in args.set])
-        print(f"Config keys as {what or 'these flags'} resolve them (* differs from the library's default):\n")
+    if args is not None and (args.config or args.set or args.resume or any(v is not None for v in flags.values())):
+        base = saved_config(args.output_dir) if (args.resume and not args.config) else None  # as the run would
+        cfg = load(args.config, args.set, flags, base=base)
+        print("Config keys as this command line resolves them (* differs from the library's default):\n")
         for prefix, cls, values in (("", Config, cfg), ("environment.", type(cfg.environment), cfg.environment)):
             for key, default, help_ in describe(cls, prefix):
                 value = values

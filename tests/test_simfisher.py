@@ -140,6 +140,32 @@ def test_events_of_two_columns_have_the_bivariate_gaussians_information():
     assert np.allclose(got, want, atol=0.06 * np.sqrt(np.outer(np.diag(want), np.diag(want))))
 
 
+def test_columns_that_add_nothing_are_dropped_and_wide_events_get_none():
+    """A column that is a sum of the others (its rounding noise is not information), a constant one, or one that
+    does not move with p (first, where decorrelation leaves it as it is) leave the information of mu + z as it is:
+    1 + 0.25 with a second column 0.5 mu + z', else 1 (2^18 events: noise ~3 %). Four columns: none, and analyze's
+    note says why."""
+    def z(u):
+        return math.sqrt(2.0) * torch.erfinv(2.0 * u.clamp(1e-7, 1 - 1e-7) - 1.0)
+
+    from sagips import simfisher
+
+    cases = {1.25: lambda q, u: torch.stack((q[:, None, 0] + z(u[..., 0]), 0.5 * q[:, None, 0] + z(u[..., 1]),
+                                             1.5 * q[:, None, 0] + z(u[..., 0]) + z(u[..., 1])), -1),
+             1.0: lambda q, u: torch.stack((z(u[..., 0]), torch.zeros_like(u[..., 0]), q[:, None, 0] + z(u[..., 1])),
+                                           -1)}
+    for want, sim in cases.items():
+        got = simfisher.binned_fisher(sim, torch.tensor([0.3]), 3, n_events=1 << 18)
+        assert got is not None and abs(got[0, 0] / want - 1) < 0.06, (want, got)
+    env = simulator_env("test_simfisher_four", {"mu": (-1.0, 2.0)},
+                        lambda self, p, u: torch.stack([p[:, None, 0] + z(u[..., i]) for i in range(4)], -1),
+                        event_width=4, n_uniforms=4)
+    assert env.fisher([0.3]) is None
+    from sagips.analysis.ensemble import _fisher_at
+
+    assert "up to 3 columns, and this simulator's have 4" in _fisher_at(env, np.array([0.3]))
+
+
 def test_a_parameter_the_events_ignore_gives_a_singular_information():
     """Events that depend on a + b only: the matrix is returned (not None), analyze's inverse refuses it and its
     note says the information is singular."""

@@ -154,7 +154,10 @@ def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| r_")][:6]
     assert [r[1] for r in rows] == ["unknown"] * 6 and [r[8] for r in rows] == ["n/a"] * 6
     assert md.count(NO_TRUTH) == 2  # under the p^ +- sigma table and above the residuals'
-    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["truth_known"] is False
+    g = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]
+    assert g["truth_known"] is False and g["uncertainty"]["pull"] == [None] * 6
+    assert [ln.split(",")[1] for ln in (tmp_path / "rep" / "summary.csv").read_text().splitlines()[1:7]] == [
+        "unknown"] * 6
 
 
 def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):

@@ -24,6 +24,7 @@ import torch
 
 from sagips.analysis import stats
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+from sagips.simfisher import MAX_COLUMNS
 
 GROUP_KEYS = ("mode", "world_size", "label")
 _MEMBER = re.compile(r"^member\d{3}$")
@@ -437,6 +438,10 @@ def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
     if getattr(env, "pipeline_method", "density") == "density":
         skipped = ("the correlation check of the data's information was skipped: the density could not be "
                    "differentiated at p^, or is negative or not finite there")
+    elif getattr(env, "event_width", 1) > MAX_COLUMNS:
+        return (f"the data's information is estimated for events of up to {MAX_COLUMNS} columns, and this "
+                f"simulator's have {env.event_width}: no correlation check and no Cramér-Rao bound, so σ has no floor "
+                f"from the data (docs/analysis.md, \"What σ contains\")")
     else:
         skipped = ("the correlation check of the data's information was skipped: the simulator's events have no "
                    "finite derivative in p at p^, or are not finite there")
