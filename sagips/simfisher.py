@@ -67,7 +67,7 @@ def binned_fisher(events: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], 
         u = torch.rand((m, 1, n_uniforms), generator=gen, device=q0.device)
         with torch.enable_grad():
             x = events(q, u).reshape(m, -1)
-            if not x.requires_grad:
+            if not x.requires_grad or x.shape[1] > MAX_COLUMNS:  # (wider events: no estimate, see MAX_COLUMNS)
                 return None
             jac = [torch.autograd.grad(x[:, c].sum(), q, allow_unused=True, retain_graph=True)[0]
                    for c in range(x.shape[1])]  # dx_c/dp per event and column

@@ -91,14 +91,18 @@ def test_cli_subprocess_exit_status_and_help():
         assert flag in h.stdout
     c = run_py(["-m", "sagips.run", "--help-config"])
     assert c.returncode == 0 and "comm.outer_every" in c.stdout and "environment.true_params" in c.stdout
-    # with a preset, --set and a flag: the values a run would use, each change from the library's default marked
-    v = run_py(["-m", "sagips.run", "--help-config", "--config", "configs/proxy1d-quick.yaml", "--set",
-                "train.lr_g=2e-4", "--epochs", "300"])
-    rows = {ln.split()[0]: ln.split()[1] for ln in v.stdout.splitlines()[1:] if ln.strip()}
-    want = load("configs/proxy1d-quick.yaml", ["train.lr_g=2e-4"], {"train.epochs": 300})
-    assert v.returncode == 0 and rows["train.lr_g"] == "0.0002*" and rows["train.epochs"] == "300*"
+
+
+def test_help_config_shows_the_values_a_run_would_use(capsys):
+    """With a preset, --set and a flag: every key as the run would have it, each change from the library's default
+    marked; a bad value is the run's one-line error."""
+    preset = str(ROOT / "configs" / "proxy1d-quick.yaml")
+    assert main(["--help-config", "--config", preset, "--set", "train.lr_g=2e-4", "--epochs", "300"]) == 0
+    out = capsys.readouterr().out
+    rows = {ln.split()[0]: ln.split()[1] for ln in out.splitlines()[1:] if ln.strip()}
+    want = load(preset, ["train.lr_g=2e-4"], {"train.epochs": 300})
+    assert rows["train.lr_g"] == "0.0002*" and rows["train.epochs"] == "300*"
     assert rows["environment.reference_events"] == f"{want.environment.reference_events}*"
     assert rows["train.beta2"] == f"{want.train.beta2}*" and rows["seed"] == f"{Config().seed}"
-    bad = run_py(["-m", "sagips.run", "--help-config", "--set", "train.lr_g=abc"])
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "sagips: error: train.lr_g: expected a number, got 'abc'"]
+    assert main(["--help-config", "--set", "train.lr_g=abc"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["sagips: error: train.lr_g: expected a number, got 'abc'"]
