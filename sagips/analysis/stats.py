@@ -572,7 +572,8 @@ def below_cramer_rao(names: Sequence[str], members: np.ndarray, bound: np.ndarra
 
 
 #: sigma above this many Cramér-Rao bounds is noted: training noise, not the data, sets it (a fit at the data's
-#: floor has sigma ~1-1.5 bounds; proxy1d's preset ends at 1.4 along its weakest valley, toy1d's at 3.3-4.5)
+#: floor has sigma ~1-1.5 bounds; proxy1d's preset ends at 1.4 along its weakest valley, toy1d's at 1.14-1.16, and at
+#: 3.3-4.5 before its critic saw the data's scale)
 FAR_FROM_FLOOR = 5.0
 
 
