@@ -61,8 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="named profiler ranges around the epoch, critic step, "
                    "generator step, data and exchange (train.profile=true): NVTX on CUDA, e.g. under "
                    "`nsys profile -t cuda,nvtx`, and torch.profiler.record_function on every device")
-    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit; with --config, --set or "
-                   "flags, the value each key would have in that run")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its default and exit; "
+                   "with --config, --set or flags, the value each key would have in that run")
     return p.parse_args(argv)
 
 
