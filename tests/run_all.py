@@ -1,15 +1,26 @@
 """The whole test suite, as `make test` runs it (under 10 minutes on 2 cores).
 
-1. single-process tests: `pytest tests` (some of them launch small runs under mpiexec, always with a timeout);
+1. single-process tests: `pytest tests`, split by file into SHARDS pytest processes that run side by side (some tests
+   launch small runs under mpiexec, always with a timeout; a serial suite left one of 2 cores idle ~40 % of the
+   time). The files are dealt longest first to the least loaded shard, by their seconds in tests/durations.json
+   (`python tests/run_all.py --weigh` measures them again; a file not in it counts as the median file);
 2. the MPI unit tests in tests/mpi under `mpiexec -n N pytest --with-mpi` for several N, each with a timeout, so
    that a hang fails the suite instead of eating the CI budget.
+
+SAGIPS_TEST_SHARDS=1 runs the single-process tests in one process, as a plain `pytest tests` would.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -17,16 +28,77 @@ from tests._mpirun import ROOT, child_env, mpiexec
 
 MPI_SIZES = [int(n) for n in os.environ.get("SAGIPS_TEST_MPI_SIZES", "1 2 3 4").split()]
 MPI_TIMEOUT = 300
+SHARDS = int(os.environ.get("SAGIPS_TEST_SHARDS", "2"))
+WEIGHTS = ROOT / "tests" / "durations.json"
+
+
+def deal(files: list[str], n: int, weights: dict[str, float]) -> list[list[str]]:
+    """Files into n shards of about equal seconds: longest first, each to the shard with the fewest so far."""
+    default = statistics.median(weights.values()) if weights else 1.0
+    shards, load = [[] for _ in range(n)], [0.0] * n
+    for f in sorted(files, key=lambda f: (-weights.get(f, default), f)):
+        i = load.index(min(load))
+        shards[i].append(f)
+        load[i] += weights.get(f, default)
+    return [sorted(s) for s in shards if s]
+
+
+def seconds_per_file(junit: Path) -> dict[str, float]:
+    """{tests/test_x.py: seconds} from a pytest --junitxml report (classname tests.test_x[.Class])."""
+    out: dict[str, float] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        if len(parts) >= 2:
+            f = f"{parts[0]}/{parts[1]}.py"
+            out[f] = out.get(f, 0.0) + float(case.get("time", 0.0))
+    return out
+
+
+def _relay(stream, prefix: str) -> None:
+    for line in stream:
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+
+
+def single_process_tests(env: dict, weigh: bool) -> bool:
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    weights = json.loads(WEIGHTS.read_text()) if WEIGHTS.exists() else {}
+    shards = deal(files, max(1, SHARDS), weights)
+    tmp = Path(tempfile.mkdtemp(prefix="sagips-tests-"))
+    procs, relays = [], []
+    for i, shard in enumerate(shards):
+        prefix = f"[{i + 1}/{len(shards)}] " if len(shards) > 1 else ""
+        cmd = [sys.executable, "-m", "pytest", "-q", "--timeout=600", "--durations=10", "-p", "no:cacheprovider",
+               f"--basetemp={tmp / f'shard{i}'}", f"--junitxml={tmp / f'shard{i}.xml'}", *shard]
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t = threading.Thread(target=_relay, args=(p.stdout, prefix), daemon=True)
+        t.start()
+        procs.append(p)
+        relays.append(t)
+    ok = True
+    for p, t in zip(procs, relays):
+        ok &= p.wait() == 0
+        t.join()
+    if weigh:
+        got: dict[str, float] = {}
+        for i in range(len(shards)):
+            if (tmp / f"shard{i}.xml").exists():
+                got.update(seconds_per_file(tmp / f"shard{i}.xml"))
+        WEIGHTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(got.items())}, indent=1) + "\n")
+        print(f"wrote {WEIGHTS.relative_to(ROOT)}: {len(got)} files, {sum(got.values()):.0f} s in all", flush=True)
+    if ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"the failed tests' files are kept in {tmp}", flush=True)
+    return ok
 
 
 def main() -> int:
+    weigh = "--weigh" in sys.argv[1:]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.time()
     failed = []
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "--timeout=600", "--durations=15", "tests",
-                          "--ignore=tests/mpi"],
-                         cwd=ROOT, env=env)
-    if rc != 0:
+    if not single_process_tests(env, weigh):
         failed.append("single-process tests")
     mpi_dir = ROOT / "tests" / "mpi"
     if any(mpi_dir.glob("test_*.py")):

@@ -25,7 +25,7 @@ def test_reflect_into_folds_at_the_bounds():
 def _env(**kw):
     env_cls = get_environment("optigan")
     cfg = from_dict(env_cls.Config, dict(photons_per_point=40, grid_side=2, grid_depths=1, heldout_points=1,
-                                         heldout_photons=40, **kw), "environment.")
+                                         heldout_photons=40, batch_size=4096, **kw), "environment.")
     arrays, attrs = env_cls.generate_reference(cfg, 3)
     env = env_cls(cfg, "cpu", seed=0)
     env.attach_data(arrays, attrs, np.random.default_rng(0))
