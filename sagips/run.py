@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import socket
@@ -861,6 +862,11 @@ def _finish(r: _Run) -> None:
         if conv:
             print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
                   flush=True)
+    # the other ranks wait for rank 0's end-of-run work (the convergence diagnostic estimates the data's information,
+    # 10-30 s for a simulator of two columns) sleeping, not busy-polling in MPI's teardown: on a laptop with more
+    # ranks than cores they would take the core from it. No timeout: a rank 0 that dies ends the job through its
+    # supervisor (sagips/supervise.py), as it would in the teardown.
+    watchdog.barrier(comm, timeout_s=math.inf, what="the end of the run")
     comm.Free()
 
 
