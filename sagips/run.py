@@ -827,7 +827,6 @@ def _free_node_data(r: _Run) -> None:
 def _finish(r: _Run) -> None:
     """The run's final quality (every rank's generator), timings and summary in run.json, and the table."""
     from sagips.comm import watchdog
-    from sagips.io import refdata
 
     cfg, comm, env, state, trainer = r.cfg, r.comm, r.env, r.state, r.trainer
     final_q = trainer.last_quality
@@ -841,33 +840,46 @@ def _finish(r: _Run) -> None:
     walls = comm.gather(r.wall, root=0)
     stats = comm.gather(state.stats, root=0)
     if r.is_root:
-        r.run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
-                          wall_seconds=walls, exchange_stats=stats, final_quality=final_q,
-                          # train.cuda_graph on rank 0: used or not, and why (sagips/graph.py)
-                          cuda_graph=trainer.graphs.record() if trainer.graphs is not None else None)
-        from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
-
-        conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)
-        if conv:
-            r.run_info["convergence"] = conv[0]
-        write_run_json(r.out_dir, r.run_info)
-        table = env.summary_table(final_q) if final_q else ""
-        print(f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
-              f"of training; outputs in {r.out_dir}; the table is the mean of all {comm.size} rank(s)' generators",
-              flush=True)
-        if table:
-            print(table, flush=True)
-        if r.run_info.get("truth_known") is False:
-            print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
-        if conv:
-            print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
-                  flush=True)
+        try:
+            _report(r, final_q, train_s, walls, stats)
+        except Exception:
+            if comm.size > 1:  # the others wait for rank 0 below, without a timeout: never leave them waiting
+                abort_job(r.world)
+            raise
     # the other ranks wait for rank 0's end-of-run work (the convergence diagnostic estimates the data's information,
     # 10-30 s for a simulator of two columns) sleeping, not busy-polling in MPI's teardown: on a laptop with more
     # ranks than cores they would take the core from it. No timeout: a rank 0 that dies ends the job through its
     # supervisor (sagips/supervise.py), as it would in the teardown.
     watchdog.barrier(comm, timeout_s=math.inf, what="the end of the run")
     comm.Free()
+
+
+def _report(r: _Run, final_q, train_s, walls, stats) -> None:
+    """Rank 0: run.json's summary, the convergence diagnostic and the table."""
+    from sagips.io import refdata
+
+    comm, env, state, trainer = r.comm, r.env, r.state, r.trainer
+    r.run_info.update(status="complete", end_time=_now(), epochs=state.epoch, train_seconds=train_s,
+                      wall_seconds=walls, exchange_stats=stats, final_quality=final_q,
+                      # train.cuda_graph on rank 0: used or not, and why (sagips/graph.py)
+                      cuda_graph=trainer.graphs.record() if trainer.graphs is not None else None)
+    from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
+
+    conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)
+    if conv:
+        r.run_info["convergence"] = conv[0]
+    write_run_json(r.out_dir, r.run_info)
+    table = env.summary_table(final_q) if final_q else ""
+    print(f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
+          f"of training; outputs in {r.out_dir}; the table is the mean of all {comm.size} rank(s)' generators",
+          flush=True)
+    if table:
+        print(table, flush=True)
+    if r.run_info.get("truth_known") is False:
+        print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
+    if conv:
+        print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
+              flush=True)
 
 
 def truncate_metrics(path: str, epoch: int) -> None:

@@ -1,6 +1,7 @@
 """Under mpiexec (tests/test_faults.py): a one-line error on rank 1 only (a file that one node lacks), the other
 ranks go on; then `sagips.run` runs. argv: KIND OUT_DIR. KIND data/config: the proxy1d environment's construction
-raises DataError/ConfigError; load: the config's loading raises ConfigError."""
+raises DataError/ConfigError; load: the config's loading raises ConfigError; report: rank 0's end-of-run report
+(after training, while the others wait for it) raises DataError."""
 import sys
 
 from mpi4py import MPI
@@ -33,6 +34,13 @@ if kind == "load":
         return load(*args, **kwargs)
 
     sagips.run.load = load_on_rank_1_only
+if kind == "report":
+    Proxy1D.__init__ = build
+
+    def report_fails(*args, **kwargs):
+        raise DataError("run.json cannot be written")
+
+    sagips.run._report = report_fails
 
 sys.exit(main(["--config", "configs/proxy1d-quick.yaml", "--mode", "ensemble", "--epochs", "1", "--no-progress",
                "--set", "environment.reference_events=20000", "--output-dir", out_dir]))

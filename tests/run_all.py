@@ -28,7 +28,6 @@ from tests._mpirun import ROOT, child_env, mpiexec
 
 MPI_SIZES = [int(n) for n in os.environ.get("SAGIPS_TEST_MPI_SIZES", "1 2 3 4").split()]
 MPI_TIMEOUT = 300
-SHARDS = int(os.environ.get("SAGIPS_TEST_SHARDS", "2"))
 WEIGHTS = ROOT / "tests" / "durations.json"
 
 
@@ -55,22 +54,31 @@ def seconds_per_file(junit: Path) -> dict[str, float]:
 
 
 def _relay(stream, prefix: str) -> None:
+    """Copy a shard's output, each line prefixed. If our stdout goes away (a closed pipe), keep draining the shard's
+    pipe: a full pipe would block the shard, and the suite with it."""
+    out = True
     for line in stream:
-        sys.stdout.write(prefix + line)
-        sys.stdout.flush()
+        if out:
+            try:
+                sys.stdout.write(prefix + line + ("" if line.endswith("\n") else "\n"))
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                out = False
 
 
-def single_process_tests(env: dict, weigh: bool) -> bool:
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+def single_process_tests(env: dict, n_shards: int, weigh: bool) -> bool:
+    tests = ROOT / "tests"
+    files = sorted(str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if (tests / "mpi") not in p.parents)
     weights = json.loads(WEIGHTS.read_text()) if WEIGHTS.exists() else {}
-    shards = deal(files, max(1, SHARDS), weights)
+    shards = deal(files, n_shards, weights)
     tmp = Path(tempfile.mkdtemp(prefix="sagips-tests-"))
     procs, relays = [], []
     for i, shard in enumerate(shards):
         prefix = f"[{i + 1}/{len(shards)}] " if len(shards) > 1 else ""
         cmd = [sys.executable, "-m", "pytest", "-q", "--timeout=600", "--durations=10", "-p", "no:cacheprovider",
                f"--basetemp={tmp / f'shard{i}'}", f"--junitxml={tmp / f'shard{i}.xml'}", *shard]
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             encoding="utf-8", errors="replace")
         t = threading.Thread(target=_relay, args=(p.stdout, prefix), daemon=True)
         t.start()
         procs.append(p)
@@ -79,11 +87,14 @@ def single_process_tests(env: dict, weigh: bool) -> bool:
     for p, t in zip(procs, relays):
         ok &= p.wait() == 0
         t.join()
-    if weigh:
+    if weigh and not ok:
+        print(f"not weighed: a shard failed ({WEIGHTS.relative_to(ROOT)} is unchanged)", flush=True)
+    elif weigh:
         got: dict[str, float] = {}
         for i in range(len(shards)):
             if (tmp / f"shard{i}.xml").exists():
                 got.update(seconds_per_file(tmp / f"shard{i}.xml"))
+        got = {**{f: w for f, w in weights.items() if f in files}, **got}
         WEIGHTS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(got.items())}, indent=1) + "\n")
         print(f"wrote {WEIGHTS.relative_to(ROOT)}: {len(got)} files, {sum(got.values()):.0f} s in all", flush=True)
     if ok:
@@ -95,10 +106,16 @@ def single_process_tests(env: dict, weigh: bool) -> bool:
 
 def main() -> int:
     weigh = "--weigh" in sys.argv[1:]
+    try:
+        n_shards = max(1, int(os.environ.get("SAGIPS_TEST_SHARDS") or 2))
+    except ValueError:
+        print(f"SAGIPS_TEST_SHARDS={os.environ['SAGIPS_TEST_SHARDS']!r} is not a number of processes: set it to "
+              f"1, 2, ...", file=sys.stderr)
+        return 2
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.time()
     failed = []
-    if not single_process_tests(env, weigh):
+    if not single_process_tests(env, n_shards, weigh):
         failed.append("single-process tests")
     mpi_dir = ROOT / "tests" / "mpi"
     if any(mpi_dir.glob("test_*.py")):

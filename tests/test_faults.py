@@ -113,3 +113,11 @@ def test_an_error_on_one_rank_only_before_training_ends_every_rank_with_one_line
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 2, r.stderr[-2000:]
     assert lines == ["sagips: error: data file /nfs/heldout.h5 is missing on this node (rank 1)"], lines
+
+
+def test_an_error_in_rank_0s_end_of_run_report_ends_the_job(tmp_path):
+    """The other ranks wait for rank 0's end-of-run report without a timeout (sagips/run.py, _finish): an error in it
+    aborts the job, naming rank 0, instead of leaving them waiting."""
+    r = run_mpi(2, ["tests/_envfail_worker.py", "report", str(tmp_path / "run")], timeout=60)
+    assert r.returncode != 0 and "sagips: rank 0 failed" in r.stderr and "run.json cannot be written" in r.stderr, \
+        r.stderr[-2000:]

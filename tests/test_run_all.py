@@ -1,5 +1,8 @@
 """tests/run_all.py: the single-process tests dealt into shards of about equal seconds, and the seconds read back."""
-from tests.run_all import deal, seconds_per_file
+import io
+import sys
+
+from tests.run_all import _relay, deal, seconds_per_file
 
 
 def test_deal_puts_every_file_in_one_shard_and_balances_the_seconds():
@@ -22,3 +25,16 @@ def test_seconds_per_file_sums_a_junit_report(tmp_path):
                    '<testcase classname="tests.test_b" name="t3" time="0.25"/>'
                    '</testsuite></testsuites>')
     assert seconds_per_file(xml) == {"tests/test_a.py": 3.5, "tests/test_b.py": 0.25}
+
+
+def test_relay_prefixes_lines_and_drains_the_shard_when_stdout_is_gone(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    _relay(iter(["a\n", "b"]), "[1/2] ")
+    assert out.getvalue() == "[1/2] a\n[1/2] b\n"  # a last partial line ends, so the shards' lines never run together
+    gone = io.StringIO()
+    gone.close()  # our stdout closed (e.g. piped into `head`): writing raises
+    monkeypatch.setattr(sys, "stdout", gone)
+    stream = iter(["x\n"] * 1000)
+    _relay(stream, "[2/2] ")
+    assert next(stream, None) is None  # read to the end: a shard never blocks on a full pipe
