@@ -311,3 +311,26 @@ def test_a_preset_changed_under_a_study_is_never_resumed_nor_summarised(tmp_path
     lines = coverage.summary(proxy)
     assert not any("054f4872d7b7" in ln for ln in lines) and any(ln.startswith("| proxy1d |") and "not measured" in ln
                                                                  for ln in lines)
+
+
+def test_at_typical_data_undoes_a_narrow_draw_of_data_sets():
+    """An honest sigma on data sets whose ML errors happen to scatter narrowly (0.6 of sigma_ML): its pulls are
+    narrow (~0.7), and `at_typical_data` (the GAN's error regressed on the ML fit's, the ML errors standardised) gives
+    the width of typical data sets, 1; a sigma 1.5x too large reads 0.67 there. The verdict names it."""
+    rng = np.random.default_rng(3)
+    k = 400
+    t, ms = np.zeros(k), np.ones(k)
+    mp = 0.6 * rng.standard_normal(k)  # the narrow draw
+    p = mp + 0.5 * rng.standard_normal(k)  # the GAN: the data's error plus its own
+    s = np.full(k, np.sqrt(1 + 0.25))  # its honest sigma
+    dof = np.full(k, np.inf)
+    assert np.std(p / s) == pytest.approx(0.70, abs=0.05)
+    typ = coverage.at_typical_data(t, p, s, mp, ms, dof)
+    assert typ["slope"] == pytest.approx(1.0, abs=0.1) and typ["width_t"] == pytest.approx(1.0, abs=0.07)
+    assert typ["cover1"] == pytest.approx(0.68, abs=0.05)
+    assert coverage.at_typical_data(t, p, 1.5 * s, mp, ms, dof)["width_t"] == pytest.approx(0.67, abs=0.05)
+    assert coverage.at_typical_data(t[:4], p[:4], s[:4], mp[:4], ms[:4], dof[:4]) is None  # too few data sets
+    row = {"pull_width_t": 0.7, "n": 20, "cover1": 0.9, "ml_pull_width": 0.6, "typical": typ}
+    assert coverage.calibration_verdict(row) == ("missed (width; the ML fit's pulls on these data sets: 0.60; on "
+                                                 f"typical data sets, a model: width {typ['width_t']:.2f}, ±1σ "
+                                                 f"{100 * typ['cover1']:.0f} %)")
