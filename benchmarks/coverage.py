@@ -662,8 +662,8 @@ def summary(recs: list[dict]) -> list[str]:
              "(Clopper–Pearson, from K data sets): a verdict whose interval holds the target's 68 % is not yet a "
              "clear miss. Beside the pull width, its 95 % interval (χ² with K − 1 degrees of freedom), and the width "
              "of the ML fit's own pulls (p_ML − p_true)/σ_ML on the same data sets: where the data sets happen to "
-             "scatter little (or much), an honest σ's pulls do too. Where a width misses as the ML fit's does, the verdict "
-             "adds a model of what data sets of the usual scatter would give: the GAN's error regressed on the ML "
+             "scatter little (or much), an honest σ's pulls do too. Where a width misses as the ML fit's does, the "
+             "verdict adds a model of what data sets of the usual scatter would give: the GAN's error regressed on the ML "
              "fit's over the data sets, the ML errors standardised (`at_typical_data`; the sections below show it "
              "for every parameter). It is an estimate, not a measurement: more data sets are the measurement.", ""]
     for wf, intro, head, cells in (
