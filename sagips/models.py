@@ -51,6 +51,23 @@ class ScaledInput(nn.Sequential):
 
 
 @torch.no_grad()
+def event_scale(points: torch.Tensor) -> tuple[list[float], list[float]]:
+    """(shift, scale) per column of `points` (N, n_in) that standardise them: their mean and standard deviation, in
+    float64 (a constant column gets scale 1)."""
+    d = points.reshape(len(points), -1).double()
+    sd = d.std(dim=0)
+    return d.mean(dim=0).tolist(), torch.where(sd > 0, sd, torch.ones_like(sd)).tolist()
+
+
+def on_events(net: nn.Sequential, points: torch.Tensor) -> ScaledInput:
+    """A critic `net` that sees its input standardised by the reference events `points` (N, n_in) (`event_scale`),
+    with its first layer's kinks at them (`kinks_at`): where the events are, whatever their units."""
+    pts = points.reshape(len(points), -1).cpu()
+    D = ScaledInput(net, *event_scale(pts))
+    kinks_at(D, (pts.float() - D.shift) / D.scale)
+    return D
+
+
 def kinks_at(net: nn.Sequential, points: torch.Tensor, seed: int = 0) -> nn.Sequential:
     """Put each first-layer unit's kink on a point of `points` (N, n_in): bias_j = -w_j . x_j, the x_j evenly spaced
     quantiles of the points for one column, rows drawn with a generator of its own (`seed`) for several. With zero
@@ -64,7 +81,8 @@ def kinks_at(net: nn.Sequential, points: torch.Tensor, seed: int = 0) -> nn.Sequ
         x = torch.quantile(pts[:, 0], (torch.arange(n, dtype=pts.dtype) + 0.5) / n)[:, None]
     else:
         x = pts[torch.randint(len(pts), (n,), generator=torch.Generator().manual_seed(seed))]
-    first.bias.copy_(-(first.weight * x).sum(dim=1))
+    with torch.no_grad():
+        first.bias.copy_(-(first.weight * x).sum(dim=1))
     return net
 
 

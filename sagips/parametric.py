@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment, EnvironmentCheckError
-from sagips.models import ScaledInput, kinks_at, mlp, start_generator
+from sagips.models import ScaledInput, event_scale, mlp, on_events, start_generator
 from sagips.precondition import FisherPreconditioner
 from sagips.sampling import make_grid, normalized_cdf, sample_inverse_cdf
 from sagips.simfisher import binned_fisher
@@ -394,12 +394,11 @@ class ParametricEnvironment(Environment):
     def build_discriminator(self) -> torch.nn.Module:
         """The critic, on standardised events (`critic_scale`), its first layer's kinks at reference events
         (`sagips.models.kinks_at`)."""
-        shift, scale = self.critic_scale()
-        D = ScaledInput(mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers), shift, scale)
+        net = mlp(self.event_width, 1, self.cfg.hidden, self.cfg.layers)
         data = getattr(self, "data", None)
         if data is not None and len(data) >= 2:
-            kinks_at(D, (data.reshape(len(data), -1).float().cpu() - D.shift) / D.scale)
-        return D.to(self.device)
+            return on_events(net, data).to(self.device)
+        return ScaledInput(net, *self.critic_scale()).to(self.device)
 
     def critic_scale(self) -> tuple[list[float], list[float]]:
         """(shift, scale) per event column that standardise the events for the critic: the mean and standard
@@ -410,9 +409,7 @@ class ParametricEnvironment(Environment):
         w = self.event_width
         data = getattr(self, "data", None)
         if data is not None and len(data) >= 2:
-            d = data.reshape(len(data), -1).double()
-            sd = d.std(dim=0)
-            return d.mean(dim=0).tolist(), torch.where(sd > 0, sd, torch.ones_like(sd)).tolist()
+            return event_scale(data)
         if self.pipeline_method == "density" or self.clips_events:
             lo, hi = (float(v) for v in self.support)
             return [(lo + hi) / 2] * w, [(hi - lo) / 2] * w

@@ -119,3 +119,31 @@ def test_a_critic_on_the_reference_events_learns_where_raw_events_leave_it_at_ch
     chance = 2 * math.log(2)
     assert critic_loss_after(raw) > chance - 0.01
     assert critic_loss_after(scaled) < chance - 0.05
+
+
+def proxy1d(**kw):
+    from sagips_environments.proxy1d import Proxy1D
+    cfg = from_dict(Proxy1D.Config, {"grid_points": 200, "d_hidden": 16, "layers": 2, **kw}, "environment.")
+    env = Proxy1D(cfg, "cpu", 0)
+    arrays, attrs = Proxy1D.generate_reference(cfg, seed=1, n_events=20_000)
+    env.attach_subset(arrays, attrs)
+    return env, arrays["events"]
+
+
+@pytest.mark.parametrize("d_input", ["x", "log"])
+def test_proxy1d_critic_on_the_data_scale(d_input):
+    """environment.d_scale=data: proxy1d's critic standardised by the rank's events (seen through d_input), its
+    kinks at them; d_scale=none is the paper's bare network."""
+    torch.manual_seed(0)
+    env, x = proxy1d(d_input=d_input, d_scale="data")
+    D = env.build_discriminator()
+    view = np.log(x.astype(np.float64)) if d_input == "log" else x.astype(np.float64)
+    assert D.shift.tolist() == pytest.approx(view.mean(0).tolist(), rel=1e-6)
+    assert D.scale.tolist() == pytest.approx(view.std(0, ddof=1).tolist(), rel=1e-5)
+    pts = (torch.as_tensor(view, dtype=torch.float32) - D.shift) / D.scale
+    on = ((pts @ D[0].weight.T + D[0].bias).abs() < 1e-4).any(dim=0)
+    assert bool(on.all())  # every first-layer kink passes through one of the events
+    torch.manual_seed(0)
+    plain = proxy1d(d_input=d_input)[0].build_discriminator()
+    assert type(plain) is torch.nn.Sequential and list(plain.state_dict()) == list(D.state_dict())
+    assert (plain[0].bias == 0).all()  # the paper's start: every kink at the origin, below the events (x >= 0.1)

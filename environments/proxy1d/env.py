@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment
-from sagips.models import mlp, start_generator
+from sagips.models import ScaledInput, mlp, on_events, start_generator
 
 from . import theory
 
@@ -47,6 +47,10 @@ class Proxy1DConfig:
     d_steps: int = opt(1, "discriminator steps per generator step", min=1)
     d_input: str = opt("x", "what the discriminator sees of an event: 'x' (the paper) or 'log' (log x, which "
                        "spreads out the low-x region where the parameters differ most)", choices=("x", "log"))
+    d_scale: str = opt("none", "what the discriminator's input is standardised by: 'none' (the paper: raw events, "
+                       "every first-layer kink at 0, outside the events) or 'data' (the mean and spread of the "
+                       "reference events the rank holds, the kinks at them, as a ParametricEnvironment's critic)",
+                       choices=("none", "data"))
     g_out_scale: float = opt(1.0, "scale of the generator's output-layer weights at initialisation (1 = Kaiming, "
                              "like the hidden layers; small values start every noise vector near the middle of the "
                              "parameter box instead of at a random, often near-saturated, point)", min=0.0)
@@ -150,7 +154,14 @@ class Proxy1D(Environment):
 
     def build_discriminator(self) -> torch.nn.Module:
         c = self.cfg
-        return mlp(2, 1, c.d_hidden or c.hidden, c.layers).to(self.device)
+        D = mlp(2, 1, c.d_hidden or c.hidden, c.layers)
+        if c.d_scale == "data":
+            if self.data is not None and len(self.data) >= 2:
+                D = on_events(D, self._view(self.data))
+            else:  # no events yet (a bare Trainer): the grid's middle and half-width
+                lo, hi = (float(self._view(torch.tensor(v))) for v in (c.x_min, c.x_max))
+                D = ScaledInput(D, [(lo + hi) / 2] * 2, [(hi - lo) / 2] * 2)
+        return D.to(self.device)
 
     # -- one epoch ---------------------------------------------------------------------------------------------
     def noise(self, n: int) -> torch.Tensor:
