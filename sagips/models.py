@@ -50,11 +50,20 @@ class ScaledInput(nn.Sequential):
         return super().forward((x - self.shift) / self.scale)
 
 
-@torch.no_grad()
+#: at most about this many rows (every k-th, a strided view: no copy) set a critic's scale and kinks: a rank's
+#: hundreds of millions of events would otherwise be copied to float64 at build time for a 1e-3 change of the scale
+SCALE_ROWS = 1_000_000
+
+
+def _rows(points: torch.Tensor) -> torch.Tensor:
+    """Every k-th row of `points` as (n, n_in), n <= 2 * SCALE_ROWS (all of them up to that)."""
+    return points.reshape(len(points), -1)[::max(1, len(points) // SCALE_ROWS)]
+
+
 def event_scale(points: torch.Tensor) -> tuple[list[float], list[float]]:
     """(shift, scale) per column of `points` (N, n_in) that standardise them: their mean and standard deviation, in
-    float64 (a constant column gets scale 1)."""
-    d = points.reshape(len(points), -1).double()
+    float64 (a constant column gets scale 1), over `_rows`."""
+    d = _rows(points).double()
     sd = d.std(dim=0)
     return d.mean(dim=0).tolist(), torch.where(sd > 0, sd, torch.ones_like(sd)).tolist()
 
@@ -62,12 +71,13 @@ def event_scale(points: torch.Tensor) -> tuple[list[float], list[float]]:
 def on_events(net: nn.Sequential, points: torch.Tensor) -> ScaledInput:
     """A critic `net` that sees its input standardised by the reference events `points` (N, n_in) (`event_scale`),
     with its first layer's kinks at them (`kinks_at`): where the events are, whatever their units."""
-    pts = points.reshape(len(points), -1).cpu()
+    pts = _rows(points).cpu()
     D = ScaledInput(net, *event_scale(pts))
     kinks_at(D, (pts.float() - D.shift) / D.scale)
     return D
 
 
+@torch.no_grad()
 def kinks_at(net: nn.Sequential, points: torch.Tensor, seed: int = 0) -> nn.Sequential:
     """Put each first-layer unit's kink on a point of `points` (N, n_in): bias_j = -w_j . x_j, the x_j evenly spaced
     quantiles of the points for one column, rows drawn with a generator of its own (`seed`) for several. With zero
@@ -76,13 +86,12 @@ def kinks_at(net: nn.Sequential, points: torch.Tensor, seed: int = 0) -> nn.Sequ
     spread over the reference events resolve it at once (tests/test_critic_scale.py)."""
     first = net[0]
     n = first.out_features
-    pts = points.to(first.weight.dtype)[::max(1, len(points) // 1_000_000)]  # (torch.quantile's size limit)
+    pts = _rows(points).to(first.weight.dtype)  # (torch.quantile's size limit)
     if pts.shape[1] == 1:
         x = torch.quantile(pts[:, 0], (torch.arange(n, dtype=pts.dtype) + 0.5) / n)[:, None]
     else:
         x = pts[torch.randint(len(pts), (n,), generator=torch.Generator().manual_seed(seed))]
-    with torch.no_grad():
-        first.bias.copy_(-(first.weight * x).sum(dim=1))
+    first.bias.copy_(-(first.weight * x).sum(dim=1))
     return net
 
 

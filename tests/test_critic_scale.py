@@ -147,3 +147,16 @@ def test_proxy1d_critic_on_the_data_scale(d_input):
     plain = proxy1d(d_input=d_input)[0].build_discriminator()
     assert type(plain) is torch.nn.Sequential and list(plain.state_dict()) == list(D.state_dict())
     assert (plain[0].bias == 0).all()  # the paper's start: every kink at the origin, below the events (x >= 0.1)
+
+
+def test_the_scale_of_many_events_comes_from_every_kth_row():
+    """Past SCALE_ROWS rows, a strided view sets the scale (no float64 copy of a rank's hundreds of millions of
+    events); up to it, every row does."""
+    from sagips.models import SCALE_ROWS, event_scale
+    x = torch.from_numpy(np.random.default_rng(5).exponential(2.0, (2 * SCALE_ROWS + 7, 1)).astype(np.float32))
+    shift, scale = event_scale(x)
+    every_2nd = x[::2].double()
+    assert shift == pytest.approx([every_2nd.mean().item()], rel=1e-9)
+    assert scale == pytest.approx([every_2nd.std().item()], rel=1e-9)
+    few = x[:1000]
+    assert event_scale(few) == (pytest.approx([few.double().mean().item()]), pytest.approx([few.double().std().item()]))
