@@ -4,6 +4,7 @@ GAN) and Figs. 14-16 / eq. 10 (N ranks with the batch split against one rank wit
     python benchmarks/paper_table4.py            # the study: M = 5 runs per column, 400 epochs (~70 min, 2 cores)
     python benchmarks/paper_table4.py --quick    # M = 2, 200 epochs (under 20 min)
     python benchmarks/paper_table4.py --smoke    # M = 1, 3 epochs, 2 ranks: the plumbing (the test suite)
+    python benchmarks/paper_table4.py --columns hvd,arar   # only these columns (the page: every finished one)
     python benchmarks/paper_table4.py --profile converge   # issue 37: the preset's full 4,000 epochs, equal epochs
                                                             # and equal time (benchmarks/paper_table4_converge.py)
 
@@ -354,7 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--page-only", action="store_true", help="only analyse the finished runs and write the page")
     ap.add_argument("--timeout-min", type=float, default=None, help="kill a run that takes longer (default 30; "
                     "converge: 180)")
-    ap.add_argument("--columns", default=None, help="converge: only these columns (comma-separated)")
+    ap.add_argument("--columns", default=None, help="only these columns (comma-separated; default all of the "
+                    "parts' columns)")
     ap.add_argument("--commit", action="store_true", help="converge: git-commit each run's JSON as it finishes")
     ap.add_argument("--frozen-code", action="store_true", help="converge: run sagips from a snapshot of HEAD taken "
                     "at the study's first start (RUNS/code), not from the working tree that others edit")
@@ -365,8 +367,8 @@ def main(argv=None) -> int:
         import paper_table4_converge
 
         return paper_table4_converge.main(a, name)
-    if a.columns or a.commit or a.frozen_code:
-        ap.error("--columns, --commit and --frozen-code belong to --profile converge")
+    if a.commit or a.frozen_code:
+        ap.error("--commit and --frozen-code belong to --profile converge")
     a.timeout_min = a.timeout_min or 30.0
     prof = PROFILES[name]
     runs = a.runs or ROOT / "runs" / ("paper_table4" if name == "full" else f"paper_table4_{name}")
@@ -377,6 +379,12 @@ def main(argv=None) -> int:
     if set(parts) - {"table", "split"}:
         ap.error(f"--parts: unknown part(s) {sorted(set(parts) - {'table', 'split'})}")
     cols = (TABLE_COLUMNS if "table" in parts else ()) + (SPLIT_COLUMNS if "split" in parts else ())
+    if a.columns:
+        asked = [c.strip() for c in a.columns.split(",") if c.strip()]
+        if not asked or set(asked) - set(cols):
+            ap.error(f"--columns: not a column of the parts {parts}: {sorted(set(asked) - set(cols))}; they are "
+                     f"{', '.join(cols)}")
+        cols = tuple(c for c in cols if c in asked)
     extra = SMALL if name == "smoke" else []
     if not a.page_only:
         order = [(c, k) for k in range(prof["runs"]) for c in cols]

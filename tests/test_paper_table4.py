@@ -16,17 +16,24 @@ from tests._mpirun import child_env
 pt4 = load_benchmark("paper_table4")
 
 
-def test_smoke_runs_every_column_and_writes_the_page(tmp_path):
+#: the smoke's columns: those its assertions read (the other columns are plain modes, run end to end by
+#: tests/test_run_e2e.py; their command lines are checked by test_every_columns_command_line_is_accepted)
+SMOKE_COLUMNS = ("hvd", "arar-arar", "arar-arar-weights", "N1-whole-batch", "N2-arar-split")
+
+
+def test_smoke_runs_its_columns_and_writes_the_page(tmp_path):
     docs, runs = tmp_path / "docs", tmp_path / "runs"
     p = subprocess.run([sys.executable, "benchmarks/paper_table4.py", "--smoke", "--docs", str(docs), "--runs",
-                        str(runs)], cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env())
+                        str(runs), "--columns", ",".join(SMOKE_COLUMNS)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=child_env())
     assert p.returncode == 0, p.stderr[-3000:]
+    assert sorted(d.name for d in runs.iterdir() if d.is_dir() and not d.name.startswith("analysis")) == sorted(
+        SMOKE_COLUMNS)  # only the columns asked for ran
     page = (docs / "paper_table4.md").read_text()
-    assert "| residual | hvd | rma-arar-arar | arar-arar | arar | ensemble | arar-arar-weights |" in page
-    assert "| N2-rma-split |" in page and "- **arar-arar against hvd**" in page
+    assert "| residual | hvd | arar-arar | arar-arar-weights |" in page
+    assert "| N2-arar-split |" in page and "- **arar-arar against hvd**" in page
     assert "- **N2-arar-split against N = 1**" in page and "weights against gradients" in page
-    rec = {c: json.loads((docs / "paper_table4" / f"{c}__s0.json").read_text())
-           for c in pt4.TABLE_COLUMNS + pt4.SPLIT_COLUMNS}
+    rec = {c: json.loads((docs / "paper_table4" / f"{c}__s0.json").read_text()) for c in SMOKE_COLUMNS}
     # eq. 10 in the study: N = 2 trains on half the parameter sets per rank, N = 1 on all of them
     assert rec["N2-arar-split"]["batch"] == {"key": "environment.param_samples", "split": True, "requested": 16,
                                              "ranks_averaged": 2, "per_rank": 8, "effective": 16}
@@ -39,7 +46,27 @@ def test_smoke_runs_every_column_and_writes_the_page(tmp_path):
     w = [load_state(runs / "arar-arar-weights" / "s0", r, 3)["generator"] for r in (0, 1)]
     assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
     out = json.loads((docs / "paper_table4.json").read_text())
-    assert set(out["table"]) == set(pt4.TABLE_COLUMNS) and set(out["split"]) == set(pt4.SPLIT_COLUMNS)
+    assert set(out["table"]) == {"hvd", "arar-arar", "arar-arar-weights"}
+    assert set(out["split"]) == {"N1-whole-batch", "N2-arar-split"}
+
+
+@pytest.mark.parametrize("col", pt4.TABLE_COLUMNS + pt4.SPLIT_COLUMNS)
+def test_every_columns_command_line_is_accepted(col, capsys):
+    """Each column's launch resolves to a valid configuration (sagips.run --help-config: the keys and values a run
+    would check first), at the smoke's size and at the study's."""
+    from sagips.run import main as run_main
+
+    for prof, extra in ((pt4.PROFILES["smoke"], pt4.SMALL), (pt4.PROFILES["full"], [])):
+        n, args = pt4.column_launch(col, prof)
+        argv = ["--config", pt4.PRESET, *args, *(x for s in extra for x in ("--set", s)), "--help-config"]
+        assert run_main(argv) == 0, capsys.readouterr().err
+        assert n == (2 if col in pt4.SPLIT_COLUMNS else prof["ranks"])
+
+
+def test_an_unknown_column_is_one_line():
+    p = subprocess.run([sys.executable, "benchmarks/paper_table4.py", "--smoke", "--columns", "hvd,rma"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, env=child_env())
+    assert p.returncode == 2 and "--columns: not a column of the parts" in p.stderr and "'rma'" in p.stderr
 
 
 def _group(name, residual_1e3, times=(10.0, 20.0), max_abs=(0.5, 0.1)):
