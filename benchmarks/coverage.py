@@ -50,6 +50,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -307,6 +308,10 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     u, conv = group_uncertainty(g, final=final)
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
+    # the record holds what the page needs: the data and the run go now, so that a study of K replicas needs the
+    # disk of one (proxy1d: ~70 MB a replica), not of K, in a TMPDIR that may be memory
+    data.unlink()
+    shutil.rmtree(run)
     return {"case": case, "replica": k, "seed": seed, "train_seed": seed + args.seed_offset,
             "profile": profile(args, case), "preset": preset_digest(cfg), "events": events,
             "subset_fraction": float(ecfg.subset_fraction),

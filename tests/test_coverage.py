@@ -13,7 +13,16 @@ from benchmarks import coverage
 
 def test_smoke_profile_writes_replicas_resumes_and_the_page(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
+    real, left = coverage.replica, []
+
+    def replica(args, case, k, work, env):  # what a finished replica leaves in the study's work directory
+        rec = real(args, case, k, work, env)
+        left.extend(p.name for p in work.iterdir() if p.name.startswith(case))
+        return rec
+
+    monkeypatch.setattr(coverage, "replica", replica)
     assert coverage.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert left == []  # its data file and run are gone: a study's disk is one replica's, whatever K is
     files = sorted((tmp_path / "coverage").glob("*.json"))
     assert [f.name for f in files] == ["smear1d-smoke-000.json"]
     rec = json.loads(files[0].read_text())
