@@ -633,7 +633,8 @@ def _build_trainer(r: _Run) -> None:
 
     r.trainer = Trainer(cfg, r.env, comm.rank, comm.size, r.out_dir, exchange=None, gather_quality=gather_quality,
                         is_root=r.is_root, share=lambda obj: comm.bcast(obj, root=0),
-                        computes_quality=r.is_root or not local_quality)
+                        computes_quality=r.is_root or not local_quality,
+                        decide=lambda make: r.world.bcast(make() if r.world.rank == 0 else None, root=0))
     r.trainer.data_key = r.data_key
     r.phase("networks_and_precision")
 

@@ -133,9 +133,13 @@ class FaultDrill(RuntimeError):
 class Trainer:
     def __init__(self, cfg: Config, env: Environment, rank: int, world_size: int, out_dir: str,
                  exchange: Exchange | None = None, gather_quality: Callable[[dict], list[dict] | None] | None = None,
-                 is_root: bool = True, share: Callable[[Any], Any] | None = None, computes_quality: bool = True):
+                 is_root: bool = True, share: Callable[[Any], Any] | None = None, computes_quality: bool = True,
+                 decide: Callable[[Callable[[], Any]], Any] | None = None):
         """share: a broadcast from rank 0 of the run (e.g. comm.bcast), so that every rank runs in the precision that
         rank 0 resolved for train.amp (auto probes the hardware once, on rank 0); None resolves it here.
+        decide: runs a function on one rank of the whole job and returns its result on every rank (sagips.run: over
+        the world, every member of --ensemble-size), so that train.amp=auto's probe is one decision for all members;
+        called on every rank. None: `share`'s run decides alone.
         computes_quality: False on a rank whose logged quality nobody uses (it then skips the quality entirely)."""
         self.cfg, self.env, self.rank, self.world_size = cfg, env, rank, world_size
         self.out_dir = out_dir
@@ -160,7 +164,7 @@ class Trainer:
                      for o, lr in ((self.opt_g, t.lr_g), (self.opt_d, t.lr_d))}
         self._bind_lr()
         self.guard = BadSteps(dev)  #: the NaN guard's counts, on the device
-        self.amp_dtype, self.precision = self._resolve_precision(share)
+        self.amp_dtype, self.precision = self._resolve_precision(share, decide)
         self.resolve_chunk_rows()
         # fp16 needs loss scaling; bf16 has float32's exponent range and does not
         scaling = self.amp_dtype == torch.float16
@@ -196,16 +200,25 @@ class Trainer:
         #: train.cuda_graph (sagips.graph.SegmentRunner; made at the first step)
         self.graphs = None
 
-    def _resolve_precision(self, share):
+    def _resolve_precision(self, share, decide):
         """(autocast dtype, record) for train.amp on this device (sagips.precision.resolve)."""
         from sagips.precision import resolve
 
-        res = None
-        if share is None or self.rank == 0:
+        def make():
             # the probe times what predicts the epoch: the critic's own batch (real + synthetic rows, up to
             # PROBE_MAX_ROWS: the time per row is flat beyond), in the row chunks this run will use in each dtype
             rows = min(PROBE_MAX_ROWS, max(256, 2 * self.env.events_per_epoch))
-            res = resolve(self.cfg.train.amp, self.env.device, self.D, rows, chunk_rows=self._chunk_rows_for)
+            return resolve(self.cfg.train.amp, self.env.device, self.D, rows, chunk_rows=self._chunk_rows_for)
+
+        auto = self.cfg.train.amp == "auto"
+        if decide is not None:
+            # auto's probe is timing, and members that probed apart trained in different precisions (seen: float32
+            # and bf16 in one ensemble, 1.15x and 0.77x around the 0.9 threshold); an explicit or resumed
+            # precision keeps its own (run-wide) path below
+            res = decide(lambda: make() if auto else None)
+            if auto and res is not None:
+                return res
+        res = make() if share is None or self.rank == 0 else None
         return share(res) if share is not None else res
 
     def _chunk_rows_for(self, dtype: torch.dtype | None) -> int:
