@@ -226,6 +226,20 @@ def test_run_end_diagnostic_reads_the_metrics(tmp_path):
     assert "training noise only" in what
     assert coupled[0]["moving"] is False and coupled[1]["moving"] is None
     assert "lower bound" in coupled[1]["message"] and "--ensemble-size" in coupled[1]["message"]
+    # a member of a job of several (--ensemble-size 4): not told to train several members, but where they are
+    job = tmp_path / "job"
+    for m, pos in ((0, "arar"), (3, "ensemble")):
+        member = job / f"member{m:03d}"
+        member.mkdir(parents=True, exist_ok=True)
+        (member / "metrics.jsonl").write_text((tmp_path / "metrics.jsonl").read_text())
+        got, what = run_end_convergence(member, {"mode": pos, "ensemble_members": 4, "member": m},
+                                        {"params": [1.0, 0.4]}, ["mu", "res"])
+        assert what.startswith(f"member {m} of 4, one rank") and got[1]["moving"] is None
+        assert got[1]["message"].endswith(f"the job's 4 members judge it: python -m sagips.analyze {job}")
+        assert "train several members" not in got[1]["message"]
+    got, _ = run_end_convergence(job / "member000", {"mode": "arar", "ensemble_members": 2, "member": 0}, final,
+                                 ["mu", "res"])  # a member of 4 exchanging ranks: a lower bound, the job judges it
+    assert got[1]["moving"] is None and got[1]["message"].endswith(f"members judge it: python -m sagips.analyze {job}")
 
 
 def test_the_data_error_judges_only_a_lower_bound_and_only_where_it_is_larger():

@@ -517,9 +517,15 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
     names = list(names) if names and len(names) == series.shape[1] else [f"p{i}" for i in range(series.shape[1])]
     ranks = np.asarray(final_quality.get("rank_params") or [final_quality["params"]], dtype=np.float64)
     f = ((info.get("config") or {}).get("environment") or {}).get("subset_fraction")
+    # a member of a job of several (--ensemble-size): its own ranks cannot judge it, the job's members can
+    job = int(info.get("ensemble_members") or 1)
+    unjudged = (f"the job's {job} members judge it: python -m sagips.analyze {Path(out_dir).parent}" if job > 1 else
+                stats.UNJUDGED_ADVICE)
     if len(ranks) < 2:
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]), None, True)
-        what = "one rank: no spread to judge the movement against"
+        what = ("one rank: no spread to judge the movement against" if job < 2 else
+                f"member {info.get('member', 0)} of {job}, one rank: no spread of its own to judge the movement "
+                f"against")
     elif str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
                               None if f is None else stats.seen_fraction(f, 1), split_part(info) is None)
@@ -542,5 +548,5 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
             spread = stats.member_scatter(ranks)  # its noise is one rank's, not the error of their mean
         if floor is not None:
             what += "; the data's Cramér-Rao bound where it is larger"
-        return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor), what
-    return stats.convergence(names, epochs, series, u.spread), what
+        return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged), what
+    return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged), what

@@ -151,6 +151,8 @@ DRIFT_FRACTION = 0.2
 DRIFT_THRESHOLD = 1.0
 #: what the diagnostic tells a user whose parameter still moves
 DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
+#: what to do where nothing judges the movement (one rank, or ranks that exchange): more members, then analyze
+UNJUDGED_ADVICE = "train several members (--ensemble-size) and run sagips.analyze"
 
 
 def member_scatter(values: np.ndarray) -> np.ndarray:
@@ -608,14 +610,15 @@ def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
 def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
                 fraction: float = DRIFT_FRACTION, threshold: float = DRIFT_THRESHOLD,
                 advice: str = DRIFT_ADVICE, lower_bound: bool = False,
-                floor: np.ndarray | None = None) -> list[dict[str, Any]]:
+                floor: np.ndarray | None = None, unjudged: str = UNJUDGED_ADVICE) -> list[dict[str, Any]]:
     """Per parameter: did it still move over the last `fraction` of the epochs, against `sigma` (P,), the spread
     between members (the spread part of the quotable sigma)? `series` (T, P) is the ensemble's p^ at `epochs`.
     `lower_bound`: sigma is only the spread of ranks that exchange gradients (no independent members), a lower
     bound of the error: a parameter that moved less than it has converged, one that moved more is not judged,
     unless `floor` (P,) gives the data's own statistical error independently of the ranks (the Cramér-Rao bound of a
     density environment, `cramer_rao`): the movement is then judged against the larger of the two, so that a run
-    whose parameter still moves by more than its data's error is told so.
+    whose parameter still moves by more than its data's error is told so. `unjudged`: what to do where the movement
+    cannot be judged (no spread, or only the ranks' lower bound).
 
     One dict per parameter: name, moved (physical units), sigma (what it is judged against), z = |moved|/sigma
     (None without one), moving (bool, or None when it cannot be judged), window [first, last epoch], message (one
@@ -648,8 +651,8 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
         elif not (math.isfinite(sg) and sg > 0):
             z, moving = None, None
             rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
-            msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}); no spread between members "
-                   f"to judge it against: train several members and run sagips.analyze")
+            msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}); no spread between members to judge it "
+                   f"against: {unjudged}")
         else:
             z = abs(mv) / sg
             moving = z > threshold
@@ -659,8 +662,7 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
                 rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
                 moving = None
                 msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}), {z:.1f}x the ranks' "
-                       f"spread, which is only a lower bound of σ here: to judge it, train several members "
-                       f"(--ensemble-size) and run sagips.analyze")
+                       f"spread, which is only a lower bound of σ here: to judge it, {unjudged}")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
     return out
