@@ -49,8 +49,9 @@ class Proxy1DConfig:
                        "spreads out the low-x region where the parameters differ most)", choices=("x", "log"))
     d_scale: str = opt("none", "what the discriminator's input is standardised by: 'none' (the paper: raw events, "
                        "every first-layer kink at 0, outside the events) or 'data' (the mean and spread of the "
-                       "reference events the rank holds, the kinks at them, as a ParametricEnvironment's critic)",
-                       choices=("none", "data"))
+                       "reference events the rank holds, the kinks at them, as a ParametricEnvironment's critic; "
+                       "with train.lr_g=1e-3 nearer the ML fit at the default truth, but its d valley unfinished at "
+                       "2 of 5 truths: docs/benchmarks/loop_closure_notes.md)", choices=("none", "data"))
     g_out_scale: float = opt(1.0, "scale of the generator's output-layer weights at initialisation (1 = Kaiming, "
                              "like the hidden layers; small values start every noise vector near the middle of the "
                              "parameter box instead of at a random, often near-saturated, point)", min=0.0)
