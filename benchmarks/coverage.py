@@ -33,11 +33,13 @@ fits, its error in units of the ML sigma (records CASE-run-KKK.json, a table of 
 ensemble runs it in sagips.run's default mode instead (M independent ranks, whose mean and spread analyze quotes).
 
 Each replica writes DIR/coverage/CASE-KKK.json as it finishes (--commit: and commits that file alone); a rerun skips
-the replicas whose JSON holds the same profile (resume). Each record also holds a digest of the preset's settings:
-a rerun refuses to resume a profile whose preset changed since (move its records to a subfolder, where the page shows
-them as superseded), and the summary leaves such a profile out. The page DIR/coverage.md is generated whole from the
-JSON; notes by hand go to DIR/coverage.notes.md, which this script links and never writes. The page opens with a
-summary: per case and workflow, the largest profile that ran today's defaults (SAME_AS_DEFAULT, at_defaults).
+the replicas whose JSON holds the same profile (resume). Stopping a study (Ctrl-C, or a kill's SIGTERM) stops its
+running job and removes its work directory; the finished replicas stay. Each record also holds a digest of the
+preset's settings: a rerun refuses to resume a profile whose preset changed since (move its records to a subfolder,
+where the page shows them as superseded), and the summary leaves such a profile out. The page DIR/coverage.md is
+generated whole from the JSON; notes by hand go to DIR/coverage.notes.md, which this script links and never writes.
+The page opens with a summary: per case and workflow, the largest profile that ran today's defaults
+(SAME_AS_DEFAULT, at_defaults).
 
 Reported per parameter: the pull (p^ - p_true)/sigma (mean and width), the coverage of +-1 sigma and +-2 sigma, and the
 ratio of the GAN's sigma to the ML sigma. Target: pull width 0.8-1.25, coverage of +-1 sigma 58-78 %.
@@ -51,6 +53,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -298,7 +301,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
            "--set", f"environment.data_file={data}", "--set", "train.threads=1"]
     for s in args.set:
         cmd += ["--set", s]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    r = train(cmd, env)
     if r.returncode != 0:
         raise SystemExit(f"coverage: training of {case} replica {k} failed (exit {r.returncode}): "
                          f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}")
@@ -325,6 +328,27 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
             "moving": [c["moving"] for c in conv],
             "ml": ml, "wall_s": round(time.perf_counter() - t0, 1), "code": os.environ.get("SAGIPS_FROZEN_CODE"),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def train(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    """Run a replica's training job. If the study is stopped meanwhile (Ctrl-C, a kill's SIGTERM), the job gets a
+    SIGTERM, which `timeout` passes on to mpiexec and its ranks (a SIGKILL of `timeout` would leave them running), and
+    the study waits for it before its work directory goes."""
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            out, err = p.communicate()
+        except BaseException:
+            p.terminate()
+            try:
+                p.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _stop(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def commit(path: Path, message: str) -> None:
@@ -869,37 +893,48 @@ def main(argv=None) -> int:
         run_frozen(list(sys.argv[1:] if argv is None else argv), out)
     (out / "coverage").mkdir(parents=True, exist_ok=True)
     if not args.page_only:
-        with tempfile.TemporaryDirectory(prefix="sagips-coverage-") as tmp:
-            work = Path(tmp)
-            paths = smear_site(work / "site") + toy_site(work / "site")[1:]
-            for p in reversed(paths):
-                sys.path.insert(0, p)
-            env = child_env(pythonpath(paths))
-            for case in args.case:
-                prof = profile(args, case)
-                done = [json.loads(f.read_text()) for f in sorted((out / "coverage").glob(f"{case}*.json"))]
-                old = stale_preset([r for r in done if r.get("profile", {}).get("id") == prof["id"]],
-                                   preset_digest(config_of(args, case)))
-                if old is not None:
-                    raise SystemExit(f"coverage: {case}'s preset {config_of(args, case)} changed since replica "
-                                     f"{old['replica']} of profile {prof['id']} was made: move that profile's "
-                                     f"records to {out / 'coverage'}/SUBFOLDER/ (kept as superseded) before resuming")
-                for k in range(args.replicas):
-                    path = record_path(out, args, case, k)
-                    if path.is_file() and json.loads(path.read_text()).get("profile", {}).get("id") == prof["id"]:
-                        continue  # finished before: resume from the next one
-                    rec = replica(args, case, k, work, env)
-                    # strict JSON (NaN, inf -> null); a kill leaves no torn replica
-                    atomic.write_text(path, json.dumps(_jsonable(rec), indent=1) + "\n")
-                    print(f"coverage: {case} replica {k}: pulls "
-                          + ", ".join(f"{n} {(p - t) / s:+.2f}" if s else f"{n} n/a" for n, p, t, s in
-                                      zip(rec["names"], rec["gan"]["p_hat"], rec["truth"], rec["gan"]["sigma"]))
-                          + f" ({rec['wall_s']:.0f} s)", flush=True)
-                    if args.commit:
-                        commit(path, f"coverage: {case} replica {k} (profile {prof['id']})")
+        # a kill's SIGTERM unwinds as Ctrl-C does: the running job stops and the work directory (a replica's data
+        # and run, up to ~1 GB) goes with the study
+        before = signal.signal(signal.SIGTERM, _stop)
+        try:
+            study(args, out)
+        finally:
+            signal.signal(signal.SIGTERM, before)
     (out / "coverage.md").write_text(page(out))
     print(f"coverage: wrote {out / 'coverage.md'}")
     return 0
+
+
+def study(args: argparse.Namespace, out: Path) -> None:
+    """The replicas that are not finished yet, in a work directory of their own."""
+    with tempfile.TemporaryDirectory(prefix="sagips-coverage-") as tmp:
+        work = Path(tmp)
+        paths = smear_site(work / "site") + toy_site(work / "site")[1:]
+        for p in reversed(paths):
+            sys.path.insert(0, p)
+        env = child_env(pythonpath(paths))
+        for case in args.case:
+            prof = profile(args, case)
+            done = [json.loads(f.read_text()) for f in sorted((out / "coverage").glob(f"{case}*.json"))]
+            old = stale_preset([r for r in done if r.get("profile", {}).get("id") == prof["id"]],
+                               preset_digest(config_of(args, case)))
+            if old is not None:
+                raise SystemExit(f"coverage: {case}'s preset {config_of(args, case)} changed since replica "
+                                 f"{old['replica']} of profile {prof['id']} was made: move that profile's "
+                                 f"records to {out / 'coverage'}/SUBFOLDER/ (kept as superseded) before resuming")
+            for k in range(args.replicas):
+                path = record_path(out, args, case, k)
+                if path.is_file() and json.loads(path.read_text()).get("profile", {}).get("id") == prof["id"]:
+                    continue  # finished before: resume from the next one
+                rec = replica(args, case, k, work, env)
+                # strict JSON (NaN, inf -> null); a kill leaves no torn replica
+                atomic.write_text(path, json.dumps(_jsonable(rec), indent=1) + "\n")
+                print(f"coverage: {case} replica {k}: pulls "
+                      + ", ".join(f"{n} {(p - t) / s:+.2f}" if s else f"{n} n/a" for n, p, t, s in
+                                  zip(rec["names"], rec["gan"]["p_hat"], rec["truth"], rec["gan"]["sigma"]))
+                      + f" ({rec['wall_s']:.0f} s)", flush=True)
+                if args.commit:
+                    commit(path, f"coverage: {case} replica {k} (profile {prof['id']})")
 
 
 if __name__ == "__main__":

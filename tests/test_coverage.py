@@ -343,3 +343,40 @@ def test_at_typical_data_undoes_a_narrow_draw_of_data_sets():
     assert coverage.calibration_verdict(row) == ("missed (width; the ML fit's pulls on these data sets: 0.60; on "
                                                  f"typical data sets, a model: width {typ['width_t']:.2f}, ±1σ "
                                                  f"{100 * typ['cover1']:.0f} %)")
+
+
+def test_a_killed_study_stops_its_job_and_leaves_no_work_directory(tmp_path):
+    """A SIGTERM to the study (`kill`, a batch system's wall time) stops the training job it runs (no rank is left
+    running) and removes the work directory: a replica's data and run, ~1 GB for proxy1d, in a TMPDIR that may be
+    memory. Before, the study died at once and both stayed."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests._mpirun import ROOT, child_env
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([sys.executable, "benchmarks/coverage.py", "--smoke", "--out", str(tmp_path / "out"),
+                          "--set", "train.epochs=100000", "--set", "train.checkpoint_every=1000"],
+                         cwd=ROOT, env=child_env({"TMPDIR": str(tmp)}), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.time()
+        while not list(tmp.glob("sagips-coverage-*/smear1d-000-run/**/metrics.jsonl")):  # the job trains
+            assert p.poll() is None, p.communicate()[1][-2000:]
+            assert time.time() - t0 < 180, "the smoke's job did not start training"
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)  # the study alone, not its process group
+        err = p.communicate(timeout=120)[1]
+        assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert list(tmp.glob("sagips-coverage-*")) == []  # (torch keeps a cache of its own there)
+        ranks = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
+        assert ranks == [], "ranks of the study's job still run"
+        assert not list((tmp_path / "out" / "coverage").glob("*.json"))  # no record of an unfinished replica
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp)])  # `timeout` runs the job in a process group of its own
