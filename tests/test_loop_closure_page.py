@@ -77,3 +77,46 @@ def test_a_variants_page_names_its_settings(lc, tmp_path):
     text = (tmp_path / "loop_closure.md").read_text()
     assert f'--truths "default" --set train.lr_g=3e-4 --out {tmp_path}\n' in text
     assert "comm.inner_size" not in text.split("Command:")[1].split("Target")[0]
+
+
+def test_a_run_is_placed_against_the_ml_fit_in_units_of_its_error(lc, tmp_path):
+    """(p̂ − p_ML)/σ_ML per parameter, by hand: p̂ from the last r (r = (truth − p̂)/truth), against the floor's fit
+    and σ; a floor written before σ_ML was recorded says to rerun, not a number."""
+    truth = [2.0, -0.5, 3.0, 1.0, -0.5, 4.0]
+    r = [0.01, 0.02, 0.0, -0.05, 0.1, 0.0]  # p̂ = 1.98, -0.49, 3, 1.05, -0.45, 4
+    part = {"mode": "rma-arar-arar", "truth_arg": "default", "truth": truth,
+            "points": [{"epoch": 0, "time_s": 0.0, "max_abs_r": 1.0, "r": [1.0] * 6},
+                       {"epoch": 100, "time_s": 1.0, "max_abs_r": 0.1, "r": r}]}
+    fl = {"ml_params": [2.0, -0.5, 3.01, 1.0, -0.5, 4.0], "ml_sigma": [0.01, 0.005, 0.01, 0.025, 0.1, 1.0]}
+    assert lc.from_ml(part, fl) == pytest.approx([-2.0, 2.0, -1.0, 2.0, 0.5, 0.0])
+    assert lc.from_ml(part, {"ml_params": fl["ml_params"]}) is None
+    parts_dir = tmp_path / "loop_closure"
+    parts_dir.mkdir()
+    mach = {"cpu_model": "Test CPU", "vector_flags": [], "torch_cpu_capability": "AVX2", "native_bf16": False,
+            "cores": 2, "torch": "x"}
+    full = {**part, "epochs": 100, "train_s": 1.0, "startup_s": 1.0, "precision": {"resolved": "float32"},
+            **lc.crossing(part["points"]), "machine": mach, "finished": "2026-11-30 00:00 UTC"}
+    (parts_dir / "rma-arar-arar__default.json").write_text(json.dumps(full))
+    (parts_dir / "floor__default.json").write_text(json.dumps({**fl, "max_abs_r": 0.0033, "r": [0.0] * 6}))
+    a = types.SimpleNamespace(modes=["rma-arar-arar"], ranks=4, inner_size=2, checkpoint_every=100, budget_min=15.0)
+    lc.render(a, ["default"], tmp_path, parts_dir)
+    assert "| T0 | rma-arar-arar | -2.00 | +2.00 | -1.00 | +2.00 | +0.50 | +0.00 |" in \
+        (tmp_path / "loop_closure.md").read_text()
+
+
+def test_the_floor_records_the_ml_fits_own_error(lc):
+    """floor() writes σ_ML beside the fit: the observed information's σ (ml_covariance) at the fit on the same
+    events, which the page divides by."""
+    import numpy as np
+
+    from sagips.config import load
+    from sagips.io.writer import generate_subset
+    from sagips_environments.proxy1d import Proxy1D
+
+    cfg = load(str(lc.ROOT / "configs" / "proxy1d-quick.yaml"),
+               ["environment.grid_points=200", "environment.reference_events=200000"])
+    fl = lc.floor(cfg.environment, cfg.seed)
+    n = cfg.environment.reference_events
+    events = generate_subset(Proxy1D, cfg.environment, cfg.seed, n, np.array([[0, n]]))[0]["events"]
+    sigma = np.sqrt(np.diag(lc.ml_covariance(events, cfg.environment, np.array(fl["ml_params"]))))
+    assert fl["ml_sigma"] == pytest.approx(sigma, rel=1e-9) and all(s > 0 for s in fl["ml_sigma"])
