@@ -2,6 +2,8 @@
 errors) against two independent formulas: at the expected counts its Hessian is the multinomial Fisher information
 n * sum_b dm_b dm_b^T / m_b, and the null-space restriction equals the bordered (Lagrange) form of a constrained
 covariance."""
+import json
+
 import numpy as np
 import torch
 
@@ -86,3 +88,19 @@ def test_the_bound_is_the_scatter_of_the_ml_fit_over_data_sets():
     width = pulls.std(axis=0, ddof=1)
     assert np.all((width > 0.85) & (width < 1.15)), width
     assert np.all(np.abs(pulls.mean(axis=0)) < 0.3), pulls.mean(axis=0)
+
+
+def test_the_scatter_script_fits_toy1d_data_sets_and_resumes(tmp_path):
+    """benchmarks/proxy1d_ml_scatter.py --case toy1d: examples/toy1d's written data sets, the unbinned fit from the
+    truth in units of N·I(p)'s bound, one line per seed; a rerun fits nothing again."""
+    from tests._bench import load_benchmark
+
+    ms = load_benchmark("proxy1d_ml_scatter")
+    args = ["--case", "toy1d", "--seeds", "0:2", "--events", "50000", "--out", str(tmp_path)]
+    assert ms.main(args) == 0
+    (f,) = tmp_path.glob("*.jsonl")
+    lines = f.read_text().splitlines()
+    assert [json.loads(x)["seed"] for x in lines] == [0, 1]
+    pulls = np.array([json.loads(x)["pull"] for x in lines])
+    assert pulls.shape == (2, 3) and np.all(np.abs(pulls) < 5)  # a fit at the data, not stuck at a bound
+    assert ms.main(args) == 0 and f.read_text().splitlines() == lines
