@@ -372,11 +372,25 @@ def test_a_killed_study_stops_its_job_and_leaves_no_work_directory(tmp_path):
         err = p.communicate(timeout=120)[1]
         assert p.returncode == 128 + signal.SIGTERM, err[-2000:]
         assert list(tmp.glob("sagips-coverage-*")) == []  # (torch keeps a cache of its own there)
-        ranks = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
-        assert ranks == [], "ranks of the study's job still run"
+        assert running(str(tmp)) == [], "ranks of the study's job still run"
         assert not list((tmp_path / "out" / "coverage").glob("*.json"))  # no record of an unfinished replica
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=30)
-        subprocess.run(["pkill", "-KILL", "-f", str(tmp)])  # `timeout` runs the job in a process group of its own
+        for pid in running(str(tmp)):  # `timeout` runs the job in a process group of its own
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(text: str) -> list[int]:
+    """The processes whose command line holds `text` (/proc, as pgrep -f)."""
+    from pathlib import Path
+
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if text.encode() in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:  # ended meanwhile
+            pass
+    return pids
