@@ -8,6 +8,7 @@
         --set environment.subset_fraction=1.0 --frozen-code --commit   # members on disjoint parts, from HEAD's code
     python benchmarks/coverage.py --case toy1d --replicas 1 --set environment.true_params.a=2.5 ...  # another truth
     python benchmarks/coverage.py --workflow run --case smear1d --replicas 3 --seed-offset 1000   # other training seeds
+    python benchmarks/coverage.py --case toy1d --replicas 20 --data-seeds 2000   # other data sets (seeds 2000+k)
     python benchmarks/coverage.py --workflow run --run-mode ensemble --case smear1d --replicas 5  # the CLI's own mode
 
 Any --set is passed to every training run (a profile of its own: CASE-PROFILEID-KKK.json); --set
@@ -91,6 +92,7 @@ SMOKE = {"replicas": 1, "members": 2, "noise_samples": 16,
                  "train.epochs=6", "train.checkpoint_every=2", "train.log_every=2", "train.state_every=6",
                  "train.quality_samples=16"]}
 NOTES = "coverage.notes.md"
+DATA_SEEDS = 1000  #: data set k of a study has seed DATA_SEEDS + k (--data-seeds)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -113,6 +115,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "environment.reference_events)")
     p.add_argument("--seed-offset", type=int, default=0, help="train with --seed 1000+k+OFFSET on data set k (seed "
                    "1000+k): the same data with other training noise (default 0: the data's seed)")
+    p.add_argument("--data-seeds", type=int, default=DATA_SEEDS, metavar="BASE",
+                   help=f"data set k has seed BASE+k (default {DATA_SEEDS}); another BASE draws other data sets, "
+                        f"a profile of its own")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per training job")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="the page's folder")
     p.add_argument("--commit", action="store_true", help="git commit each replica's JSON as it finishes")
@@ -197,6 +202,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
             prof["run_mode"] = args.run_mode
     if args.seed_offset:
         prof["seed_offset"] = args.seed_offset
+    if args.data_seeds != DATA_SEEDS:
+        prof["data_seeds"] = args.data_seeds
     if started_apart(args, case):  # the default start from STARTED_APART_FROM on: a profile of its own
         prof["g_start"] = STARTED_APART
     if sized_by_default(args, case):  # events_per_sample=auto and 64 x 3 networks from SIZED_FROM on: the same
@@ -261,7 +268,8 @@ def record_path(out: Path, args: argparse.Namespace, case: str, k: int) -> Path:
     test pointed at the real folder never overwrites a study's record."""
     tag = ("" if args.workflow == "ensemble" else f"-{args.workflow}") + (
         "-smoke" if args.smoke else f"-{profile(args, case)['id']}" if (
-            args.set or args.seed_offset or started_apart(args, case) or args.run_mode != RUN_MODES[0]) else "")
+            args.set or args.seed_offset or args.data_seeds != DATA_SEEDS or started_apart(args, case)
+            or args.run_mode != RUN_MODES[0]) else "")
     return out / "coverage" / f"{case}{tag}-{k:03d}.json"
 
 
@@ -279,7 +287,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group
     from sagips.data import main as data_main
 
-    seed = 1000 + k
+    seed = args.data_seeds + k
     t0 = time.perf_counter()
     ecfg = env_config(case, args.set)
     data = work / f"{case}-{k:03d}.h5"
@@ -469,8 +477,11 @@ def code_of(rs: list[dict]) -> str:
 
 
 def seeds_of(prof: dict) -> str:
-    """A heading's note of training seeds apart from the data's (--seed-offset)."""
-    return f", training seed 1000+k+{prof['seed_offset']}" if prof.get("seed_offset") else ""
+    """A heading's note of data seeds other than 1000+k (--data-seeds) and training seeds apart from the data's
+    (--seed-offset)."""
+    base = prof.get("data_seeds", DATA_SEEDS)
+    return ((f", data seeds {base}+k" if base != DATA_SEEDS else "")
+            + (f", training seed {base}+k+{prof['seed_offset']}" if prof.get("seed_offset") else ""))
 
 
 def defaults_of(prof: dict) -> str:

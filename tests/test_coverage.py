@@ -237,6 +237,34 @@ def test_a_seed_offset_trains_other_noise_on_the_same_data(tmp_path):
     assert "training seed 1000+k+1000" in coverage.seeds_of(prof)
 
 
+def test_data_seeds_draw_other_data_sets_in_a_profile_of_their_own(tmp_path, monkeypatch):
+    """--data-seeds BASE: data set k is made with seed BASE+k and trained with it; a profile and records of their
+    own, named in the page's heading; the default (1000) keeps the older profiles' ids."""
+    import sagips.data
+
+    args = coverage.parse_args(["--case", "proxy1d", "--data-seeds", "2000", "--out", str(tmp_path)])
+    plain = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
+    prof = coverage.profile(args, "proxy1d")
+    assert prof["data_seeds"] == 2000 and "data_seeds" not in coverage.profile(plain, "proxy1d")
+    assert prof["id"] != coverage.profile(plain, "proxy1d")["id"]
+    assert coverage.record_path(tmp_path, args, "proxy1d", 3).name == f"proxy1d-{prof['id']}-003.json"
+    assert coverage.seeds_of(prof) == ", data seeds 2000+k"
+    assert coverage.seeds_of(coverage.profile(plain, "proxy1d")) == ""
+    made = []
+
+    class Made(Exception):
+        pass
+
+    def data_main(argv):  # what the replica asks sagips.data for
+        made.append(argv[argv.index("--seed") + 1])
+        raise Made
+
+    monkeypatch.setattr(sagips.data, "main", data_main)
+    with pytest.raises(Made):
+        coverage.replica(args, "proxy1d", 3, tmp_path, {})
+    assert made == ["2003"]
+
+
 def test_the_pages_sigma_is_analyzes_rule_from_a_records_parts():
     """benchmarks/coverage.parts_now replays stats.uncertainty from what a record keeps: the same sigma and dof for
     members above and below the data's floor, and for one coupled run whose ranks' spread is training noise."""
