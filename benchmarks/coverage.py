@@ -306,7 +306,8 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
            ["--mode", args.run_mode] + (["--set", "comm.inner_size=2"] if args.run_mode == "rma-arar-arar" else [])
     ) + [
            "--seed", str(seed + args.seed_offset), "--no-progress", "--output-dir", str(run), "--overwrite",
-           "--set", f"environment.data_file={data}", "--set", "train.threads=1"]
+           "--set", f"environment.data_file={data}", "--set", "train.threads=1",
+           "--set", "ensemble.analyze=false"]  # (the job's own analysis: this study's follows, with its settings)
     for s in args.set:
         cmd += ["--set", s]
     r = train(cmd, env)

@@ -143,6 +143,10 @@ class EnsembleConfig:
                     "sagips.analyze's sigma is then their standard error s/sqrt(M), exact for the statistical and "
                     "the training noise alike (docs/analysis.md); set environment.subset_fraction=1 to use every "
                     "event once", choices=("shared", "split"))
+    analyze: bool = opt(True, "at the end of a job of several members, the member that ends last runs sagips.analyze "
+                        "on the job (OUTPUT_DIR/analysis/) and prints p-hat +- sigma per parameter, the number to "
+                        "quote (sagips/analysis/job.py); false skips it (python -m sagips.analyze OUTPUT_DIR gives "
+                        "the same at any time)")
 
 
 @dataclass

@@ -357,6 +357,15 @@ def _configure(r: _Run) -> None:
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
+    r.job = None
+    if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
+        from sagips.analysis import job
+
+        if args.overwrite and world.rank == 0:
+            import shutil
+
+            shutil.rmtree(os.path.join(cfg.output_dir, job.ANALYSIS_DIR), ignore_errors=True)
+        r.job = world.bcast(job.new_token() if world.rank == 0 else None, root=0)
     if prev_run is not None:
         from sagips.io.atomic import remove_stale_temps
 
@@ -674,7 +683,7 @@ def _describe(r: _Run) -> None:
     r.run_info = run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
         "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
-        "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member,
+        "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member, "job": r.job,
         "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
         # a data file of the user's that names no truth (measured data): env.truth() is only a placeholder
         "truth_known": refdata.truth_known(r.data_file) if r.is_root else None,
@@ -870,10 +879,18 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
     if conv:
         r.run_info["convergence"] = conv[0]
     write_run_json(r.out_dir, r.run_info)
+    done = (f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
+            f"of training; outputs in {r.out_dir}")
+    if r.members > 1 and r.cfg.ensemble.analyze:
+        # one member of several: its own table and diagnostic are in its run.json; the job's p^ +- sigma follows
+        # from the member that ends last (sagips/analysis/job.py)
+        from sagips.analysis import job
+
+        print(f"{done} (member {r.member} of {r.members})", flush=True)
+        job.job_result(r.cfg.output_dir, r.members, r.job, say=lambda m: print(m, flush=True))
+        return
     table = env.summary_table(final_q) if final_q else ""
-    print(f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
-          f"of training; outputs in {r.out_dir}; the table is the mean of all {comm.size} rank(s)' generators",
-          flush=True)
+    print(f"{done}; the table is the mean of all {comm.size} rank(s)' generators", flush=True)
     if table:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:

@@ -31,6 +31,7 @@ def job(tmp_path_factory):
     r = run_mpi(4, QUICK + ["--mode", "ensemble", "--ensemble-size", "2", "--epochs", "4", "--output-dir", str(out)],
                 timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
+    (root / "stdout.txt").write_text(r.stdout)
     return root, out
 
 
@@ -52,13 +53,35 @@ def copy_run(src, dst, ranks=None):
 
 def test_members_are_two_runs_with_different_weights(job):
     _, out = job
-    members = sorted(p.name for p in out.iterdir())
+    members = sorted(p.name for p in out.iterdir() if p.name != "analysis")  # (the job's analysis: below)
     assert members == ["member000", "member001"]
     infos = [json.loads((out / m / "run.json").read_text()) for m in members]
     assert [i["member"] for i in infos] == [0, 1] and all(i["world_size"] == 2 and i["mode"] == "ensemble"
                                                          for i in infos)
     w = [load_checkpoint(list_checkpoints(out / m)[0][1])["generator"]["0.weight"] for m in members]
     assert not torch.equal(w[0], w[1])  # different seeds per member, from the very first epoch
+
+
+def test_the_job_ends_with_the_analysis_of_its_members(job, tmp_path, capsys):
+    """The member that ends last analyses the job (sagips/analysis/job.py): p̂ ± σ printed once, and the files in
+    OUTPUT_DIR/analysis are those of `python -m sagips.analyze OUTPUT_DIR` with its defaults, run here again."""
+    root, out = job
+    printed = (root / "stdout.txt").read_text()
+    assert printed.count("## Parameters: p̂ ± σ (what to quote)") == 1
+    assert printed.count("the table is the mean of all") == 0  # no member prints a table of its own
+    assert f"the job's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in printed
+    tokens = {json.loads((out / m / "run.json").read_text())["job"] for m in ("member000", "member001")}
+    assert len(tokens) == 1 and None not in tokens
+    assert [p.name for p in (out / "analysis").glob(".claimed-*")] == [f".claimed-{tokens.pop()}"]
+    assert main([str(out), "--out", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    mine, cli = (json.loads((d / "summary.json").read_text())["groups"][0]["uncertainty"]
+                 for d in (out / "analysis", tmp_path / "again"))
+    assert mine["n_members"] == 4  # 2 members of 2 ranks, which are independent in --mode ensemble
+    for key in ("p_hat", "sigma", "members", "drift"):
+        np.testing.assert_allclose(mine[key], cli[key], rtol=1e-12, err_msg=key)
+    first = next(line for line in printed.splitlines() if line.startswith("| r_0 |"))
+    assert first.split(" | ")[2].startswith(f"{mine['p_hat'][0]:.2f}")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+"""The job's own result: at the end of a job of several independent members (`sagips.run --ensemble-size M`), the
+member that ends last runs `sagips.analyze` on the job's directory and prints p̂ ± σ per parameter (issue 36).
+
+Without it, each member printed its own table and convergence lines (M of them, interleaved), and the number to
+quote needed a second command. No collective is added: the members end on their own, so a member that fails or is
+stopped never leaves the others waiting. Each member's rank 0, once its run.json says complete, reads its siblings'
+run.json; the one that finds every member of this job complete (the same `job` token, drawn at the job's start)
+claims the analysis with an exclusive create, so that of two members that end at once exactly one analyses.
+`ensemble.analyze=false` skips it; `python -m sagips.analyze OUTPUT_DIR` gives the same numbers at any time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+ANALYSIS_DIR = "analysis"  # OUTPUT_DIR/analysis: summary.md, summary.json, summary.csv and the figures
+_CLAIM = ".claimed-"
+
+
+def new_token() -> str:
+    """The job's token, drawn once by world rank 0 and written into every member's run.json (`job`)."""
+    return uuid.uuid4().hex
+
+
+def members_complete(job_dir: str | os.PathLike, members: int, token: str) -> bool:
+    """Whether every member of this job (token) has a complete run.json; a member of an earlier job in the same
+    directory, or one still running, makes it False."""
+    for m in range(members):
+        try:
+            info = json.loads((Path(job_dir) / f"member{m:03d}" / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # not written yet, or being replaced
+            return False
+        if info.get("status") != "complete" or info.get("job") != token:
+            return False
+    return True
+
+
+def claim(job_dir: str | os.PathLike, token: str) -> bool:
+    """True for exactly one caller per token (an exclusive create); claims of earlier jobs are removed."""
+    out = Path(job_dir) / ANALYSIS_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(out / f"{_CLAIM}{token}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    for old in out.glob(f"{_CLAIM}*"):
+        if old.name != f"{_CLAIM}{token}":
+            old.unlink(missing_ok=True)
+    return True
+
+
+def job_result(job_dir: str | os.PathLike, members: int, token: str, say=print) -> dict | None:
+    """On a member's rank 0 after its run.json says complete: if this member is the job's last, analyse the job
+    (`sagips.analyze JOB_DIR --out JOB_DIR/analysis`, its defaults) and print p̂ ± σ. Returns the summary, or None
+    (another member analyses, or the analysis failed: then one line says what to run)."""
+    if not (members_complete(job_dir, members, token) and claim(job_dir, token)):
+        return None
+    from sagips.analyze import parse_args, quotable, run_analysis
+
+    out = Path(job_dir) / ANALYSIS_DIR
+    again = f"python -m sagips.analyze {job_dir} --out {out}"
+    say(f"sagips: all {members} members of the job are done; analysing them ({again})")
+    try:
+        summary = run_analysis(parse_args([str(job_dir), "--out", str(out)]))
+    except Exception as e:  # the members' runs are complete and saved: the job's analysis can be redone at any time
+        say(f"sagips: warning: the job's analysis failed ({type(e).__name__}: {e}); the members' runs are complete: "
+            f"run {again}")
+        return None
+    say("\n".join(quotable(summary)) + f"\n\nsagips: the job's analysis (summary.md, summary.json, figures) is in {out}")
+    return summary
