@@ -38,3 +38,13 @@ def test_the_last_member_analyses_once_and_a_failed_analysis_is_one_line(tmp_pat
     assert said[1].startswith("sagips: warning: the job's analysis failed (") and "\n" not in said[1]
     assert said[1].endswith(f"run python -m sagips.analyze {tmp_path} --out {tmp_path / job.ANALYSIS_DIR}")
     assert job.job_result(tmp_path, 2, "t1", say=said.append) is None and len(said) == 2  # claimed: never twice
+
+
+def test_a_job_directory_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path):
+    said = []
+    members(tmp_path, "complete", "complete")
+    (tmp_path / job.ANALYSIS_DIR).write_text("a file where the directory goes")
+    assert job.job_result(tmp_path, 2, "t1", say=said.append) is None
+    assert len(said) == 1 and said[0].startswith("sagips: warning: cannot claim the job's analysis (")
+    assert "\n" not in said[0] and said[0].endswith(f"run python -m sagips.analyze {tmp_path} --out "
+                                                    f"{tmp_path / job.ANALYSIS_DIR}")

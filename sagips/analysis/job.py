@@ -55,12 +55,16 @@ def job_result(job_dir: str | os.PathLike, members: int, token: str, say=print) 
     """On a member's rank 0 after its run.json says complete: if this member is the job's last, analyse the job
     (`sagips.analyze JOB_DIR --out JOB_DIR/analysis`, its defaults) and print p̂ ± σ. Returns the summary, or None
     (another member analyses, or the analysis failed: then one line says what to run)."""
-    if not (members_complete(job_dir, members, token) and claim(job_dir, token)):
+    out = Path(job_dir) / ANALYSIS_DIR
+    again = f"python -m sagips.analyze {job_dir} --out {out}"
+    try:
+        if not (members_complete(job_dir, members, token) and claim(job_dir, token)):
+            return None
+    except OSError as e:  # e.g. a job directory that this rank cannot write into: never fail a complete run for it
+        say(f"sagips: warning: cannot claim the job's analysis ({e}); the members' runs are complete: run {again}")
         return None
     from sagips.analyze import parse_args, quotable, run_analysis
 
-    out = Path(job_dir) / ANALYSIS_DIR
-    again = f"python -m sagips.analyze {job_dir} --out {out}"
     say(f"sagips: all {members} members of the job are done; analysing them ({again})")
     try:
         summary = run_analysis(parse_args([str(job_dir), "--out", str(out)]))
