@@ -254,6 +254,13 @@ def test_the_data_error_judges_only_a_lower_bound_and_only_where_it_is_larger():
     members = stats.convergence(["mu", "res"], epochs, series, np.array([0.01, 0.01]), floor=np.array([1.0, 1.0]))
     assert members[1]["moving"] is True and members[1]["sigma"] == pytest.approx(0.01)
     assert "Cramér-Rao" not in members[1]["message"]
+    # members that barely move but stand far apart (more than FAR_FROM_FLOOR of the data's error): not converged
+    apart = stats.convergence(["mu", "res"], epochs, series, np.array([0.2, 0.2]), floor=floor)
+    assert apart[0]["moving"] is None and apart[1]["moving"] is None and apart[1]["z"] == pytest.approx(0.1)
+    assert apart[1]["message"].startswith("res: not judged: the members are 40x the data's error apart (σ 0.2, ")
+    assert apart[1]["message"].endswith("train longer (train.epochs)") and "\n" not in apart[1]["message"]
+    near = stats.convergence(["mu", "res"], epochs, series, np.array([0.2, 0.2]), floor=np.array([0.05, 0.05]))
+    assert [c["moving"] for c in near] == [False, False]  # 4x: within what members at their floor can show
 
 
 class _Density:

@@ -658,6 +658,13 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             moving = z > threshold
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}): {advice}" if moving else
                    f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1})")
+            if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and sg > FAR_FROM_FLOOR * fl:
+                # members far apart (seen: 17-44x after 50 epochs, each still near its start): a movement that is
+                # small against their spread says nothing of whether they have met
+                moving = None
+                msg = (f"{name}: not judged: the members are {sg / fl:.0f}x the data's error apart (σ {sg:.3g}, the "
+                       f"Cramér-Rao bound {fl:.3g}), so moving {z:.1f}σ {over} ({e0}-{e1}) does not say they have "
+                       f"met: train longer (train.epochs)")
             if moving and lower_bound:  # seen: make run near the data's ML floor, told to train longer at 3-11x
                 rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
                 moving = None
