@@ -658,16 +658,31 @@ def at_defaults(case: str, prof: dict) -> bool:
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 
 
+def settings_of(prof: dict) -> str:
+    """A profile's settings less its data seeds: profiles that differ only in the data sets they drew (--data-seeds)
+    are one calibration on more data sets, and the summary pools them."""
+    return json.dumps({k: v for k, v in prof.items() if k not in ("id", "data_seeds")}, sort_keys=True)
+
+
+def pooled(rs: list[dict]) -> list[dict]:
+    """One record per data seed, in the seeds' order (studies whose seed ranges overlap drew some data sets twice:
+    the first given counts)."""
+    seen: set[int] = set()
+    return sorted((r for r in rs if not (r["seed"] in seen or seen.add(r["seed"]))), key=lambda r: r["seed"])
+
+
 def summary(recs: list[dict]) -> list[str]:
-    """The page's first section: per case and workflow, the profile with the most replicas among those that ran
-    today's defaults, in one line per parameter (or 'not measured')."""
+    """The page's first section: per case and workflow, the largest calibration among those that ran today's
+    defaults (a profile, or profiles that differ only in their data seeds, pooled), in one line per parameter (or
+    'not measured')."""
     from scipy.stats import binomtest, chi2
 
     by: dict[tuple, list[dict]] = {}
     for r in recs:
         wf = r["profile"].get("workflow", "ensemble")
         wf += f":{r['profile']['run_mode']}" if r["profile"].get("run_mode") else ""
-        by.setdefault((r["case"], wf, r["profile"]["id"]), []).append(r)
+        by.setdefault((r["case"], wf, settings_of(r["profile"])), []).append(r)
+    by = {key: pooled(rs) for key, rs in by.items()}
     best: dict[tuple, list[dict]] = {}
     for (case, wf, _), rs in by.items():
         if stale_preset(rs, preset_digest(rs[0]["profile"].get("config"))):  # the preset changed since
@@ -697,7 +712,9 @@ def summary(recs: list[dict]) -> list[str]:
             yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["cover1"], row["verdict"]
 
     lines = ["## Summary: what today's defaults give", "",
-             "Per case, the profile with the most data sets among those that ran today's defaults (sections below). "
+             "Per case, the profile with the most data sets among those that ran today's defaults (sections below); "
+             "profiles that differ only in their data seeds (`--data-seeds`) are one calibration on more data sets, "
+             "pooled here (their ids joined by +, one record per data seed). "
              "Pulls are in units of the GAN's own σ; the errors of the GAN and of the ML fit on the same events in "
              "units of the ML fit's σ, or as their ratio. Beside the coverage of ±1σ, its 95 % interval "
              "(Clopper–Pearson, from K data sets): a verdict whose interval holds the target's 68 % is not yet a "
@@ -727,8 +744,8 @@ def summary(recs: list[dict]) -> list[str]:
                 lines.append(f"| {case} | all | — | 0 |" + " |" * n + " not measured at today's defaults |")
                 continue
             for name, k, *rest in cells(rs):
-                m = rs[0]["profile"]["members"]
-                lines.append(f"| {case} | {name} | {rs[0]['profile']['id']} | {k} | {m} | " + " | ".join(rest) + " |")
+                m, ids = rs[0]["profile"]["members"], "+".join(dict.fromkeys(r["profile"]["id"] for r in rs))
+                lines.append(f"| {case} | {name} | {ids} | {k} | {m} | " + " | ".join(rest) + " |")
         lines.append("")
     return lines
 

@@ -194,9 +194,9 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     assert run_now and coverage.at_defaults("smear1d", run_now[0]["profile"])
     run_mode = records("smear1d-run-d3c1f3ff1210")  # one run in sagips.run's default mode (--run-mode ensemble)
     assert run_mode and coverage.at_defaults("smear1d", run_mode[0]["profile"])
-    small = copy.deepcopy(default[:3])  # a smaller profile at the defaults: the larger one is shown
-    for r in small:
-        r["profile"]["id"] = "000000000000"
+    small = copy.deepcopy(default[:3])  # a smaller profile at the defaults (by default, not restated): the larger
+    for r in small:  # one is shown (they differ in more than their data seeds: never pooled)
+        r["profile"].update(id="000000000000", set=[], g_start=coverage.STARTED_APART)
     # proxy1d at train.lr_g=3e-4, its preset's since the twenty-fourth session (the records at 1e-3 are superseded)
     proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
     assert len(proxy) >= 20 and coverage.at_defaults("proxy1d", proxy[0]["profile"])
@@ -422,3 +422,26 @@ def running(text: str) -> list[int]:
         except OSError:  # ended meanwhile
             pass
     return pids
+
+
+def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary():
+    """--data-seeds draws other data sets of one calibration: the summary pools them (K adds up, one record per
+    seed), and its numbers are those of the pooled records computed directly; another setting never pools."""
+    from pathlib import Path
+
+    folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
+    rs = [json.loads(p.read_text()) for p in sorted(folder.glob("smear1d-8f7da98cea43-[0-9][0-9][0-9].json"))]
+    assert len(rs) >= 10 and coverage.at_defaults("smear1d", rs[0]["profile"])
+    first, second = copy.deepcopy(rs[:6]), copy.deepcopy(rs[4:10])  # two studies; seeds 1004 and 1005 in both
+    for r in second:
+        r["profile"] = dict(r["profile"], data_seeds=1004, id="0123456789ab")
+    other = copy.deepcopy(rs[6:9])
+    for r in other:  # another setting: never pooled with the others
+        r["profile"] = dict(r["profile"], members=8, id="ba9876543210")
+    lines = coverage.summary(second + other + first)
+    tau = [ln for ln in lines if ln.startswith("| smear1d | tau |")]
+    assert len(tau) == 1 and tau[0].startswith("| smear1d | tau | 8f7da98cea43+0123456789ab | 10 | 4 |")
+    direct = coverage.stats_of(rs[:10])[0]  # the ten distinct data sets, as one profile
+    assert f"| {direct['pull_mean']:+.2f} | {direct['pull_width_t']:.2f} (" in tau[0]
+    assert coverage.settings_of(first[0]["profile"]) == coverage.settings_of(second[0]["profile"])
+    assert coverage.settings_of(first[0]["profile"]) != coverage.settings_of(other[0]["profile"])
