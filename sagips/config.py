@@ -66,7 +66,8 @@ class TrainConfig:
                       choices=("auto", "cpu", "cuda"))
     threads: int = opt(0, "torch intra-op threads per rank; 0 = the rank's own cores where the launcher pinned each "
                        "rank (e.g. --cpu-bind depth), else the host's cores / the ranks that share them", min=0)
-    progress: bool = opt(True, "show a progress bar on rank 0")
+    progress: bool = opt(True, "show a progress bar on rank 0 (member 0's in a job of several members); into a log "
+                         "or mpiexec's pipe it updates every 10 s")
     amp: str = opt("none", "mixed precision of the network passes: 'none', 'bf16' (CPU or GPU autocast), "
                    "'fp16' (CUDA, with a GradScaler), 'auto' (CUDA: bf16 where the GPU has it, else fp16; CPU: bf16 "
                    "only where native and measured faster at start-up, else none; sagips/precision.py); the pipeline "

@@ -731,7 +731,7 @@ def _describe(r: _Run) -> None:
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
         run_info["resumes"] = r.prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
     if r.members > 1:
-        trainer.progress_desc = f"{cfg.mode} member {r.member}"
+        trainer.progress_desc = f"{cfg.mode} member {r.member} of {r.members}"
     if r.is_root:  # state/latest.json: the newest epoch that every rank's state holds (from the ranks' reduction)
         from sagips.io.state import write_latest
 
@@ -784,7 +784,7 @@ def _fit(r: _Run):
     t0 = time.time()
     stopped = None
     try:
-        r.state = trainer.fit(progress=True)
+        r.state = trainer.fit(progress=r.member == 0)  # one bar per job (M bars garble one terminal line)
     except StopRequested as e:
         stopped, r.state = e, trainer.state
     except FirstEpochCheckError:

@@ -37,6 +37,8 @@ Exchange = Callable[[np.ndarray, int], dict]
 
 #: the precision probe's largest batch (rows): the critic's time per row no longer depends on the batch beyond it
 PROBE_MAX_ROWS = 1 << 16
+#: seconds between progress-bar updates where stderr is not a terminal (a batch job's log, mpiexec's pipe)
+PROGRESS_PIPE_S = 10.0
 
 
 def select_device(kind: str, local_rank: int) -> torch.device:
@@ -754,5 +756,8 @@ class Trainer:
             return None
         from tqdm import tqdm
 
+        # into a file or a pipe (a batch job's log, or mpiexec's forwarding) a bar is a line per update: one every
+        # PROGRESS_PIPE_S (seen: 754 updates, 77 kB, in a 4-minute job of 4 members at 1 s)
+        every = 1.0 if sys.stderr.isatty() else PROGRESS_PIPE_S
         return tqdm(total=self.cfg.train.epochs, initial=self.state.epoch, unit="epoch", dynamic_ncols=True,
-                    file=sys.stderr, mininterval=1.0, desc=self.progress_desc or self.cfg.mode)
+                    file=sys.stderr, mininterval=every, desc=self.progress_desc or self.cfg.mode)

@@ -28,10 +28,12 @@ K = 64
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("analyze")
     out = root / "ens"
-    r = run_mpi(4, QUICK + ["--mode", "ensemble", "--ensemble-size", "2", "--epochs", "4", "--output-dir", str(out)],
-                timeout=240)
+    with_bar = [a for a in QUICK if a != "--no-progress"]
+    r = run_mpi(4, with_bar + ["--mode", "ensemble", "--ensemble-size", "2", "--epochs", "4", "--output-dir",
+                               str(out)], timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     (root / "stdout.txt").write_text(r.stdout)
+    (root / "stderr.txt").write_text(r.stderr)
     return root, out
 
 
@@ -70,6 +72,8 @@ def test_the_job_ends_with_the_analysis_of_its_members(job, tmp_path, capsys):
     assert printed.count("## Parameters: p̂ ± σ (what to quote)") == 1
     assert printed.count("the table is the mean of all") == 0  # no member prints a table of its own
     assert f"the job's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in printed
+    bars = (root / "stderr.txt").read_text()
+    assert "ensemble member 0 of 2" in bars and "member 1 of 2" not in bars  # one progress bar per job
     tokens = {json.loads((out / m / "run.json").read_text())["job"] for m in ("member000", "member001")}
     assert len(tokens) == 1 and None not in tokens
     assert [p.name for p in (out / "analysis").glob(".claimed-*")] == [f".claimed-{tokens.pop()}"]

@@ -242,3 +242,26 @@ def test_learning_rates_follow_their_own_decays(tmp_path, d_final):
             step(e), seen.append(tuple(float(o.param_groups[0]["lr"]) for o in (tr.opt_g, tr.opt_d))))[0]
         tr.fit()
         np.testing.assert_allclose(seen, want, rtol=1e-6 if fused else 1e-12)  # float32 tensors: 1e-7 apart
+
+
+def test_a_progress_bar_into_a_log_updates_every_progress_pipe_s(monkeypatch):
+    """Into a file or mpiexec's pipe, every bar update is a line of the log: one per PROGRESS_PIPE_S, not per second."""
+    import io
+    from types import SimpleNamespace
+
+    from sagips import trainer as trainer_mod
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    fake = SimpleNamespace(is_root=True, cfg=SimpleNamespace(train=SimpleNamespace(progress=True, epochs=10),
+                                                             mode="arar"),
+                           state=SimpleNamespace(epoch=0), progress_desc=None)
+    for stream, every in ((io.StringIO(), trainer_mod.PROGRESS_PIPE_S), (Tty(), 1.0)):
+        monkeypatch.setattr(trainer_mod.sys, "stderr", stream)
+        bar = trainer_mod.Trainer._progress_bar(fake, True)
+        assert bar.mininterval == every
+        bar.close()
+    assert trainer_mod.PROGRESS_PIPE_S >= 10
+    assert trainer_mod.Trainer._progress_bar(SimpleNamespace(**{**vars(fake), "is_root": False}), True) is None
