@@ -261,7 +261,9 @@ def get_environment(name: str) -> type[Environment]:
     """The registered environment class called `name`; a ConfigError naming the choices otherwise."""
     eps = available()
     if name not in eps:
-        known = ", ".join(sorted(eps)) or "none (is the package installed? pip install -e .)"
-        raise ConfigError(f"environment.name: unknown environment {name!r} (registered: {known})")
+        known = ", ".join(sorted(eps)) or "none"
+        raise ConfigError(f"environment.name: unknown environment {name!r} (registered: {known}); a package of your "
+                          f"own registers it with an entry point in the group sagips.environments, once installed "
+                          f"(pip install -e YOUR_PACKAGE) where sagips runs (docs/environments.md)")
     return load_entry_point(eps[name])
 

@@ -74,8 +74,11 @@ def test_presets_and_defaults_travel_with_the_environment(site):
     with pytest.raises(ConfigError, match=r"^--config toy1d:fast: environment 'toy1d' ships no preset 'fast' "
                                           r"\(its presets: toy1d:quick\)$"):
         load("toy1d:fast")
-    with pytest.raises(ConfigError, match="unknown environment 'nope'"):
+    with pytest.raises(ConfigError, match=r"unknown environment 'nope' \(registered: .*toy1d.*\); a package of your "
+                                          r"own registers it with an entry point in the group sagips.environments, "
+                                          r"once installed \(pip install -e YOUR_PACKAGE\) where sagips runs") as e:
         load("nope:quick")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("key, value, message", [
