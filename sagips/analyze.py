@@ -312,7 +312,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                f" (members = scatter × {u['factor']:.3f})")
         lines += ["", f"### {g['name']}: {u['n_members']} member(s), σ from {u['spread_from']}{how}, "
                       f"epoch {u['epoch']}, K = {u['noise_samples']} noise vectors", "",
-                  "| parameter | truth | p̂ ± σ | 68 % / 95 % interval | members | ranks | drift | noise (K) | pull | "
+                  "| parameter | truth | p̂ ± σ | 68.3 % / 95.4 % interval | members | ranks | drift | noise (K) | pull | "
                   "convergence |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         known = g.get("truth_known", True)
