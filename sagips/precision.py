@@ -126,7 +126,7 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
         raise RuntimeError("train.amp=fp16 needs CUDA; use train.amp=auto or bf16 on a CPU")
     if mode != "auto":
         dtype = _DTYPES[mode]
-        info["reason"] = "requested"
+        info["reason"] = f"train.amp={mode}"  # (a preset's, an environment's default or the user's)
         if device.type == "cpu" and dtype is torch.bfloat16 and not native:
             info["probe"] = p = _probe(D, device, rows, chunk_rows=chunk_rows) if D is not None else None
             slower = f"{p['bf16_ratio']:.1f}x slower than float32 in the start-up probe" if p else "emulated"

@@ -69,7 +69,8 @@ def test_explicit_choices_on_cpu(native):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # native bf16: no warning
         assert precision.resolve("bf16", CPU, _probe=_probe(9.0))[0] is torch.bfloat16
-    assert precision.resolve("none", CPU)[0] is None
+    dtype, info = precision.resolve("none", CPU)
+    assert dtype is None and precision.describe(info) == "precision float32 (train.amp=none)"  # who set it: any
     with pytest.raises(RuntimeError, match="fp16 needs CUDA"):
         precision.resolve("fp16", CPU)
 
