@@ -677,16 +677,19 @@ def summary(recs: list[dict]) -> list[str]:
     'not measured')."""
     from scipy.stats import binomtest, chi2
 
-    by: dict[tuple, list[dict]] = {}
+    per_profile: dict[str, list[dict]] = {}
     for r in recs:
-        wf = r["profile"].get("workflow", "ensemble")
-        wf += f":{r['profile']['run_mode']}" if r["profile"].get("run_mode") else ""
-        by.setdefault((r["case"], wf, settings_of(r["profile"])), []).append(r)
+        per_profile.setdefault(r["profile"]["id"], []).append(r)
+    by: dict[tuple, list[dict]] = {}
+    for rs in per_profile.values():
+        if stale_preset(rs, preset_digest(rs[0]["profile"].get("config"))):  # the preset changed since: a profile
+            continue  # of its own is dropped before pooling, so that it never hides a current one
+        wf = rs[0]["profile"].get("workflow", "ensemble")
+        wf += f":{rs[0]['profile']['run_mode']}" if rs[0]["profile"].get("run_mode") else ""
+        by.setdefault((rs[0]["case"], wf, settings_of(rs[0]["profile"])), []).extend(rs)
     by = {key: pooled(rs) for key, rs in by.items()}
     best: dict[tuple, list[dict]] = {}
     for (case, wf, _), rs in by.items():
-        if stale_preset(rs, preset_digest(rs[0]["profile"].get("config"))):  # the preset changed since
-            continue
         if at_defaults(case, rs[0]["profile"]) and len(rs) > len(best.get((case, wf), [])):
             best[case, wf] = rs
 

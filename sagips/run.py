@@ -361,7 +361,7 @@ def _configure(r: _Run) -> None:
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
         from sagips.analysis import job
 
-        if args.overwrite and world.rank == 0:
+        if (args.overwrite or args.resume) and world.rank == 0:  # the last job's analysis: never taken for this one's
             import shutil
 
             shutil.rmtree(os.path.join(cfg.output_dir, job.ANALYSIS_DIR), ignore_errors=True)

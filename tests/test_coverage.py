@@ -424,14 +424,14 @@ def running(text: str) -> list[int]:
     return pids
 
 
-def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary():
+def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary(monkeypatch):
     """--data-seeds draws other data sets of one calibration: the summary pools them (K adds up, one record per
     seed), and its numbers are those of the pooled records computed directly; another setting never pools."""
     from pathlib import Path
 
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
     rs = [json.loads(p.read_text()) for p in sorted(folder.glob("smear1d-8f7da98cea43-[0-9][0-9][0-9].json"))]
-    assert len(rs) >= 10 and coverage.at_defaults("smear1d", rs[0]["profile"])
+    assert len(rs) >= 12 and coverage.at_defaults("smear1d", rs[0]["profile"])
     first, second = copy.deepcopy(rs[:6]), copy.deepcopy(rs[4:10])  # two studies; seeds 1004 and 1005 in both
     for r in second:
         r["profile"] = dict(r["profile"], data_seeds=1004, id="0123456789ab")
@@ -444,4 +444,13 @@ def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary():
     direct = coverage.stats_of(rs[:10])[0]  # the ten distinct data sets, as one profile
     assert f"| {direct['pull_mean']:+.2f} | {direct['pull_width_t']:.2f} (" in tau[0]
     assert coverage.settings_of(first[0]["profile"]) == coverage.settings_of(second[0]["profile"])
+    # a study of the same settings under a preset that has changed since: dropped before pooling, hiding nothing
+    stale = copy.deepcopy(rs[10:])
+    for r in stale:
+        r.update(profile=dict(r["profile"], data_seeds=3000, id="5a1e5a1e5a1e"), preset="0123456789ab")
+    monkeypatch.setattr(coverage, "preset_digest", lambda config: "fedcba987654")
+    for r in first + second:
+        r["preset"] = "fedcba987654"
+    tau = [ln for ln in coverage.summary(stale + second + first) if ln.startswith("| smear1d | tau |")]
+    assert len(tau) == 1 and tau[0].startswith("| smear1d | tau | 8f7da98cea43+0123456789ab | 10 | 4 |")
     assert coverage.settings_of(first[0]["profile"]) != coverage.settings_of(other[0]["profile"])

@@ -257,7 +257,7 @@ def test_the_data_error_judges_only_a_lower_bound_and_only_where_it_is_larger():
     # members that barely move but stand far apart (more than FAR_FROM_FLOOR of the data's error): not converged
     apart = stats.convergence(["mu", "res"], epochs, series, np.array([0.2, 0.2]), floor=floor)
     assert apart[0]["moving"] is None and apart[1]["moving"] is None and apart[1]["z"] == pytest.approx(0.1)
-    assert apart[1]["message"].startswith("res: not judged: the members are 40x the data's error apart (σ 0.2, ")
+    assert apart[1]["message"].startswith("res: not judged: the members' spread puts σ at 40x the data's error (σ 0.2, ")
     assert apart[1]["message"].endswith("train longer (train.epochs)") and "\n" not in apart[1]["message"]
     near = stats.convergence(["mu", "res"], epochs, series, np.array([0.2, 0.2]), floor=np.array([0.05, 0.05]))
     assert [c["moving"] for c in near] == [False, False]  # 4x: within what members at their floor can show

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -52,25 +53,34 @@ def claim(job_dir: str | os.PathLike, token: str) -> bool:
 
 
 def job_result(job_dir: str | os.PathLike, members: int, token: str, say=print) -> dict | None:
-    """On a member's rank 0 after its run.json says complete: if this member is the job's last, analyse the job
-    (`sagips.analyze JOB_DIR --out JOB_DIR/analysis`, its defaults) and print p̂ ± σ. Returns the summary, or None
-    (another member analyses, or the analysis failed: then one line says what to run)."""
-    out = Path(job_dir) / ANALYSIS_DIR
-    again = f"python -m sagips.analyze {job_dir} --out {out}"
+    """On a member's rank 0 after its run.json says complete: if this member is the job's last, analyse the job's
+    M members (`sagips.analyze` with its defaults, into JOB_DIR/analysis) and print p̂ ± σ; otherwise one line says
+    where the job's result comes from. Never raises (the members' runs are complete and saved whatever happens here).
+    Returns the summary, or None."""
+    job_dir = Path(job_dir)
+    out = job_dir / ANALYSIS_DIR
+    runs = [job_dir / f"member{m:03d}" for m in range(members)]  # not member dirs of an earlier, larger job
+    extra = sorted(d.name for d in job_dir.glob("member[0-9][0-9][0-9]") if d.is_dir() and d not in runs)
+    what = f"{job_dir}/member{{000..{members - 1:03d}}}" if extra else str(job_dir)
+    again = f"python -m sagips.analyze {what} --out {out}"
     try:
         if not (members_complete(job_dir, members, token) and claim(job_dir, token)):
+            say(f"sagips: the job's p̂ ± σ comes from its last member to end (or at any time: {again})")
             return None
-    except OSError as e:  # e.g. a job directory that this rank cannot write into: never fail a complete run for it
-        say(f"sagips: warning: cannot claim the job's analysis ({e}); the members' runs are complete: run {again}")
-        return None
-    from sagips.analyze import parse_args, quotable, run_analysis
+        say(f"sagips: all {members} members of the job are done; analysing them ({again})")
+        if extra:
+            say(f"sagips: note: {job_dir} also holds {', '.join(extra)} of an earlier job: not in this analysis")
+        from sagips.analyze import parse_args, quotable, run_analysis
 
-    say(f"sagips: all {members} members of the job are done; analysing them ({again})")
-    try:
-        summary = run_analysis(parse_args([str(job_dir), "--out", str(out)]))
-    except Exception as e:  # the members' runs are complete and saved: the job's analysis can be redone at any time
-        say(f"sagips: warning: the job's analysis failed ({type(e).__name__}: {e}); the members' runs are complete: "
-            f"run {again}")
+        t0 = time.perf_counter()
+        summary = run_analysis(parse_args([*map(str, runs), "--out", str(out)]))
+        say("\n".join(quotable(summary)) + f"\n\nsagips: the job's analysis (summary.md, summary.json, figures) is "
+            f"in {out} ({time.perf_counter() - t0:.0f} s)")
+        return summary
+    except Exception as e:  # a job directory it cannot write into, an analysis that fails: redone at any time
+        try:
+            say(f"sagips: warning: the job's analysis failed ({type(e).__name__}: {e}); the members' runs are "
+                f"complete: run {again}")
+        except Exception:  # (stdout itself gone: a closed pipe)
+            pass
         return None
-    say("\n".join(quotable(summary)) + f"\n\nsagips: the job's analysis (summary.md, summary.json, figures) is in {out}")
-    return summary

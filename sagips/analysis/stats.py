@@ -659,12 +659,12 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}): {advice}" if moving else
                    f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1})")
             if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and sg > FAR_FROM_FLOOR * fl:
-                # members far apart (seen: 17-44x after 50 epochs, each still near its start): a movement that is
-                # small against their spread says nothing of whether they have met
+                # members far apart (the rule of `above_cramer_rao`'s note; seen: 17-44x after 50 epochs, each
+                # member still near its start): a movement small against their spread says nothing of convergence
                 moving = None
-                msg = (f"{name}: not judged: the members are {sg / fl:.0f}x the data's error apart (σ {sg:.3g}, the "
-                       f"Cramér-Rao bound {fl:.3g}), so moving {z:.1f}σ {over} ({e0}-{e1}) does not say they have "
-                       f"met: train longer (train.epochs)")
+                msg = (f"{name}: not judged: the members' spread puts σ at {sg / fl:.0f}x the data's error (σ {sg:.3g}, "
+                       f"the Cramér-Rao bound {fl:.3g}): they have not met, and moving {z:.1f}σ {over} ({e0}-{e1}) "
+                       f"does not say they will: train longer (train.epochs)")
             if moving and lower_bound:  # seen: make run near the data's ML floor, told to train longer at 3-11x
                 rel = f" ({100 * abs(mv / last):.2g} % of its value)" if last else ""
                 moving = None
