@@ -758,7 +758,8 @@ def _describe(r: _Run) -> None:
         run_info["startup"] = {"rank0_phases_s": r.phases, "per_rank_s": ages,
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
-        print(startup_line(run_info), file=sys.stderr, flush=True)
+        if r.member == 0:  # (one line per job: every member's is in its run.json)
+            print(startup_line(run_info), file=sys.stderr, flush=True)
         if r.split is not None and r.member == 0 and float(run_info.get("reference_fraction") or 1.0) < 1.0:
             print(f"sagips: note: ensemble.data=split keeps environment.subset_fraction="
                   f"{run_info['reference_fraction']:g} of each part, so the members together use that fraction of "

@@ -74,6 +74,7 @@ def test_the_job_ends_with_the_analysis_of_its_members(job, tmp_path, capsys):
     assert f"the job's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in printed
     bars = (root / "stderr.txt").read_text()
     assert "ensemble member 0 of 2" in bars and "member 1 of 2" not in bars  # one progress bar per job
+    assert bars.count("sagips: ensemble on 2 rank(s)") == 1  # one start-up line per job, member 0's
     tokens = {json.loads((out / m / "run.json").read_text())["job"] for m in ("member000", "member001")}
     assert len(tokens) == 1 and None not in tokens
     assert [p.name for p in (out / "analysis").glob(".claimed-*")] == [f".claimed-{tokens.pop()}"]
