@@ -384,9 +384,9 @@ def _f(x: float | None, spec: str) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    # a plain write (files readable by the group, unlike a mkstemp file); a report is cheap to redo
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    from sagips.io.atomic import write_text
+
+    write_text(path, text)  # a kill leaves the file complete or absent, as every output (README, "Outputs")
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -109,6 +109,8 @@ def test_cli_writes_every_file(analysis):
     for name in ("summary.md", "summary.csv", "summary.json", "residuals_vs_time.png", "convergence.png",
                  "rmse_vs_spread.png", "analysis_rate.png"):
         assert (rep / name).stat().st_size > 0, name
+    assert (rep / "convergence.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # (saved under a temporary name)
+    assert not list(rep.glob(".*.tmp"))  # every file renamed into place: a kill leaves none half-written
     assert [(g["name"], g["n_runs"]) for g in s["groups"]] == [("2 ranks", 2), ("1 rank", 1)]
     g = s["groups"][0]
     assert g["epochs"] == [1, 2, 4] and len(g["time_s"]) == 3 and g["time_s"] == sorted(g["time_s"])

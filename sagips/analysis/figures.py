@@ -45,7 +45,10 @@ def _margins(fig, left: float, right: float, bottom: float, top: float, wspace: 
 
 
 def _save(fig, path: str) -> str:
-    fig.savefig(path, dpi=DPI)
+    from sagips.io.atomic import atomic_path
+
+    with atomic_path(path) as tmp:  # (a kill leaves the figure complete or absent, as every output)
+        fig.savefig(tmp, dpi=DPI, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(fig)
     return path
 
