@@ -316,6 +316,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                   "convergence |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         known = g.get("truth_known", True)
+        floored = u.get("floored") or [False] * len(summary["parameters"])
         for i, name in enumerate(summary["parameters"]):
             c = g["convergence"][i]
             state = {True: "**still moving**", False: "converged", None: "cannot judge"}[c["moving"]]
@@ -323,7 +324,8 @@ def quotable(summary: dict[str, Any]) -> list[str]:
             lines.append(f"| {name} | {format(g['truth'][i], '.6g') if known else 'unknown'} | "
                          f"{_pm(u['p_hat'][i], u['sigma'][i])} | "
                          f"±{_g(u['k68'][i] * u['sigma'][i])} / ±{_g(u['k95'][i] * u['sigma'][i])} | "
-                         f"{_g(u['members'][i])} | {_g(u['ranks'][i])} | {_g(u['drift'][i])}"
+                         f"{_g(u['members'][i])}{' (the data floor)' if floored[i] else ''} | {_g(u['ranks'][i])} | "
+                         f"{_g(u['drift'][i])}"
                          f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
                          f"{_g(u['sampling'][i])} | "
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")

@@ -87,6 +87,8 @@ def test_the_job_ends_with_the_analysis_of_its_members(job, tmp_path, capsys):
         np.testing.assert_allclose(mine[key], cli[key], rtol=1e-12, err_msg=key)
     first = next(line for line in printed.splitlines() if line.startswith("| r_0 |"))
     assert first.split(" | ")[2].startswith(f"{mine['p_hat'][0]:.2f}")
+    # a spread part that is the data's floor, not the members' own, says so in its column (here: 4 epochs)
+    assert mine["floored"][0] and first.split(" | ")[4].endswith(" (the data floor)")
 
 
 @pytest.fixture(scope="module")
