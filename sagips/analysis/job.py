@@ -60,7 +60,12 @@ def job_result(job_dir: str | os.PathLike, members: int, token: str, say=print) 
     job_dir = Path(job_dir)
     out = job_dir / ANALYSIS_DIR
     runs = [job_dir / f"member{m:03d}" for m in range(members)]  # not member dirs of an earlier, larger job
-    extra = sorted(d.name for d in job_dir.glob("member[0-9][0-9][0-9]") if d.is_dir() and d not in runs)
+    from sagips.analysis.ensemble import _MEMBER  # (the pattern analyze expands a job directory by)
+
+    try:
+        extra = sorted(d.name for d in job_dir.iterdir() if d.is_dir() and _MEMBER.match(d.name) and d not in runs)
+    except OSError:  # (never fail a complete run here: the claim below says what went wrong)
+        extra = []
     what = f"{job_dir}/member{{000..{members - 1:03d}}}" if extra else str(job_dir)
     again = f"python -m sagips.analyze {what} --out {out}"
     try:
