@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
-from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof,  # noqa: E402
+from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof, nonclosure_part,  # noqa: E402
                                    half_sampled, interval_factor, seen_fraction, split_scatter, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
@@ -246,15 +246,37 @@ def preset_digest(config: str | None) -> str | None:
     comments), recorded in each replica: a profile's id names its --set, not the preset's contents, so a preset
     edited under a study would otherwise let a rerun resume, and the page pool, records of two settings. None where
     there is no preset or it cannot be read here (an ENV:NAME whose environment is not importable)."""
+    if config is None:
+        return None
+    raw = preset_settings(config)
+    if raw is None:
+        return None
+    raw = {k: v for k, v in raw.items() if k != "analysis"}  # (how analyze reads the runs: not what they trained)
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def preset_settings(config: str | None) -> dict | None:
+    """The preset's parsed settings (YAML file or ENV:NAME), or None where there is none or it cannot be read here."""
     from sagips.config import is_preset, load_yaml, preset
 
     if config is None:
         return None
     try:
-        raw = preset(config) if is_preset(config) else load_yaml(str(ROOT / config))
+        return preset(config) if is_preset(config) else load_yaml(str(ROOT / config))
     except Exception:  # noqa: BLE001 (an unknown environment, an unreadable file: not known here)
         return None
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def nonclosure_of(r: dict) -> float:
+    """The non-closure (a number of Cramér-Rao bounds, analysis.nonclosure) that analyze applies to a record's sigma
+    now: the one its runs carried, or, for a record from before the option that ran a case's preset at today's
+    defaults, the preset's current analysis.nonclosure (so that records read as analyze reads new runs); else 0."""
+    if r["gan"].get("nonclosure") is not None:
+        return float(r["gan"]["nonclosure"])
+    prof = r["profile"]
+    if not prof.get("config") or prof.get("workflow", "ensemble") != "ensemble" or not at_defaults(r["case"], prof):
+        return 0.0
+    return float(((preset_settings(prof["config"]) or {}).get("analysis") or {}).get("nonclosure") or 0.0)
 
 
 def stale_preset(rs: list[dict], digest: str | None) -> dict | None:
@@ -284,7 +306,8 @@ def env_config(case: str, sets: list[str]):
 
 def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) -> dict:
     """Data, M members, sagips.analyze and the ML fit for replica k of `case`: the record of its JSON."""
-    from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group
+    from sagips.analysis.ensemble import (expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group,
+                                          runs_nonclosure)
     from sagips.data import main as data_main
 
     seed = args.data_seeds + k
@@ -318,6 +341,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
     g = predict_group("coverage", [load_run(d) for d in expand_run_dirs([run])], args.noise_samples, 0)
     final = predict_final(g, max(args.final_noise_samples, args.noise_samples), 0)
     u, conv = group_uncertainty(g, final=final)
+    nonclosure = runs_nonclosure(g.runs)
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
     # the record holds what the page needs: the data and the run go now, so that a study of K replicas needs the
@@ -332,7 +356,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
                     "scatter": u.scatter.tolist(), "ranks": [None if not math.isfinite(x) else x for x in u.ranks],
                     "drift": u.drift.tolist(), "sampling": u.sampling.tolist(), "noise_samples": final.noise_samples,
                     "n_members": u.n_members, "factor": u.factor, "k68": u.k68, "k95": u.k95,
-                    "spread_from": u.spread_from, "notes": u.notes,
+                    "spread_from": u.spread_from, "notes": u.notes, "nonclosure": nonclosure,
                     "cramer_rao": None if u.cramer_rao is None else u.cramer_rao.tolist()},
             "moving": [c["moving"] for c in conv],
             "ml": ml, "wall_s": round(time.perf_counter() - t0, 1), "code": os.environ.get("SAGIPS_FROZEN_CODE"),
@@ -413,8 +437,41 @@ def stats_of(recs: list[dict]) -> list[dict]:
             row["ratio"] = float(np.nanmedian(s / ms))
             row["ml_pull_width"] = float(np.std((mp - t) / ms, ddof=1)) if len(recs) > 1 else None
             row["typical"] = at_typical_data(t, p, s, mp, ms, np.array(dof))
+            row["nonclosure_sq"] = nonclosure_sq(recs, i)
+        row["nonclosure"] = float(np.mean([nonclosure_of(r) for r in recs]))
         out.append(row)
     return out
+
+
+def nonclosure_sq(recs: list[dict], i: int) -> float | None:
+    """The square of the non-closure that parameter i's records measure, in Cramér-Rao bounds: the GAN's mean square
+    error beyond its sigma (without any non-closure), with the ML fit on the same events as the reference, so that
+    the data sets' own scatter drops out, mean((p^ - p_ML)^2 + sigma_ML^2 - sigma^2) / bound^2 (E (p^ - p_true)^2 =
+    E (p^ - p_ML)^2 + sigma_ML^2 where the GAN's distance from the fit does not follow the fit's error; negative: sigma
+    covers more than the error). None where a record has no bound or no ML sigma."""
+    terms = []
+    for r in recs:
+        b = (r["gan"].get("cramer_rao") or [None] * (i + 1))[i]
+        ms = (r["ml"].get("sigma") or [None] * (i + 1))[i]
+        if not b or ms is None:
+            return None
+        s0 = sigma_now(r, i, 0.0)
+        terms.append(((r["gan"]["p_hat"][i] - r["ml"]["p"][i]) ** 2 + ms ** 2 - s0 ** 2) / b ** 2)
+    return float(np.mean(terms))
+
+
+def nonclosure_line(rows: list[dict]) -> str | None:
+    """The page's line under a profile's table: the non-closure its data sets measure (per parameter and pooled over
+    the parameters, `nonclosure_sq`) and the one applied to its sigma."""
+    sq = [r.get("nonclosure_sq") for r in rows]
+    if any(x is None for x in sq):
+        return None
+    def root(x): return f"{math.sqrt(x):.2f}" if x > 0 else f"0 ({x:+.2f} in its square)"
+    applied = sorted({round(r["nonclosure"], 3) for r in rows})
+    return ("Non-closure measured here (the GAN's error beyond σ without one, in Cramér-Rao bounds: "
+            "√mean((p̂ − p_ML)² + σ_ML² − σ²)/bound): " + ", ".join(f"{r['name']} {root(x)}" for r, x in zip(rows, sq))
+            + f"; over all parameters {root(float(np.mean(sq)))}. Applied to σ above: "
+            + (f"{applied[0]:g} bounds (analysis.nonclosure)" if len(applied) == 1 else "varies by record") + ".")
 
 
 def typical_cell(typ: dict | None) -> str:
@@ -549,17 +606,17 @@ def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
     return rows
 
 
-def sigma_now(r: dict, i: int) -> float:
+def sigma_now(r: dict, i: int, nonclosure: float | None = None) -> float:
     """sigma of parameter i of a record under analyze's current rule (`parts_now`)."""
-    return parts_now(r, i)[0]
+    return parts_now(r, i, nonclosure)[0]
 
 
-def parts_now(r: dict, i: int) -> tuple[float, float, bool, float]:
+def parts_now(r: dict, i: int, nonclosure: float | None = None) -> tuple[float, float, bool, float]:
     """(sigma, its spread part, floored, the spread's part sampled from the members) of parameter i of a record under
     analyze's current rule (sagips.analysis.stats: the record's Cramér-Rao bound, where it has one, splits the
-    members' scatter or floors it; the drift where the parameter still moves), from the record's parts (records from
-    before `drift_in_sigma` always added the drift; those from before the noise part have none). Records without a
-    part: their sigma as written."""
+    members' scatter or floors it; the drift where the parameter still moves; the non-closure, `nonclosure_of` or
+    `nonclosure` bounds), from the record's parts (records from before `drift_in_sigma` always added the drift; those
+    from before the noise part have none). Records without a part: their sigma as written."""
     g = r["gan"]
     bound = (g.get("cramer_rao") or [None] * (i + 1))[i]
     floored, sampled = False, None
@@ -588,7 +645,10 @@ def parts_now(r: dict, i: int) -> tuple[float, float, bool, float]:
                                          data_floor(np.array([bound]), seen, 1, True), False)[0][0])
     else:
         return g["sigma"][i] or math.nan, math.nan, False, math.nan
-    sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members")[0]
+    nc = nonclosure_part(nonclosure_of(r) if nonclosure is None else nonclosure, None if bound is None
+                         else np.array([bound]))
+    sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members",
+                          nc)[0]
     if sampled is None:  # (a floor that replaced the members' part is known, not sampled)
         sampled = 0.0 if floored else (g["members"][i] or 0.0) if g["spread_from"] == "members" else spread
     return float(sigma[0]) or math.nan, spread, floored, sampled
@@ -790,6 +850,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
                          f"{_f(row['ml_pull_width'], '.2f')} | {typical_cell(row.get('typical'))} | "
                          f"{_f(row['noise_over_sigma'], '.2f')} | "
                          f"{row['moving']}/{row['n']} | {verdict} |")
+        nl = nonclosure_line(stats_of(rs))
+        lines += ["", nl] if nl else []
         lines.append("")
     return lines
 

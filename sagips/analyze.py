@@ -64,6 +64,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _non_negative(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return v
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m sagips.analyze",
@@ -88,6 +98,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="random sub-ensembles per size M for the RMSE-vs-spread figure (default 300)")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed of the shared noise batch and of the resampling (default 0)")
+    p.add_argument("--nonclosure", type=_non_negative, default=None, metavar="S",
+                   help="a systematic of the training, S times the data's Cramér-Rao bound, added to every σ in "
+                        "quadrature (default: the runs' analysis.nonclosure, itself 0 unless a preset measured it; "
+                        "docs/analysis.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="progress messages on stderr")
     return p.parse_args(argv)
 
@@ -109,7 +123,7 @@ def _jsonable(x: Any) -> Any:
 
 
 def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
-                  final: FinalPrediction | None = None) -> dict[str, Any]:
+                  final: FinalPrediction | None = None, nonclosure: float | None = None) -> dict[str, Any]:
     """Every number of one group: eqs. 6-8 at each time step, the final row of the table, the resampling study, and
     p^ +- sigma (from `final`, the last checkpoint on a larger noise batch, when given)."""
     res = [g.at(t) for t in range(len(g.epochs))]
@@ -129,7 +143,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
             rs["ellipse95_1e3"].append(stats.confidence_ellipse(spread, rmse, 0.95))
     rates = [r.rate() for r in g.runs]
     known = [x for x in rates if x is not None]
-    u, conv = group_uncertainty(g, final=final)
+    u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
     known = all(r.info.get("truth_known") is not False for r in g.runs)
     return {
         "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
@@ -150,7 +164,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "noise_samples": final.noise_samples if final is not None else len(g.preds[-1][0]),
                         "p_hat": u.p_hat, "sigma": u.sigma, "spread": u.spread,
                         "members": u.members, "scatter": u.scatter, "ranks": u.ranks, "drift": u.drift,
-                        "drift_added": u.drift_added, "sampling": u.sampling,
+                        "drift_added": u.drift_added, "sampling": u.sampling, "nonclosure": u.nonclosure,
                         "pull": ((u.p_hat - g.truth) / np.where(u.sigma > 0, u.sigma, np.nan)) if known
                         else [None] * len(g.truth),  # (no truth: no pulls)
                         "n_members": u.n_members, "factor": u.factor, "spread_from": u.spread_from,
@@ -202,7 +216,8 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
                      "seed": args.seed},
         "parameters": (list(series[0].names) if series[0].names and len(series[0].names) == n_par
                        else [f"r_{i}" for i in range(n_par)]),
-        "groups": [group_summary(g, args.resamples, rng, predict_final(g, final_k(args), args.seed)) for g in series],
+        "groups": [group_summary(g, args.resamples, rng, predict_final(g, final_k(args), args.seed),
+                                 getattr(args, "nonclosure", None)) for g in series],
         "runs": per_run,
         "analysis_rate_by_world_size": agg,
     }
@@ -296,25 +311,28 @@ def quotable(summary: dict[str, Any]) -> list[str]:
     """The section "p̂ ± σ per parameter": the estimate to quote, its σ and σ's parts, and the convergence
     diagnostic, one table per group (docs/analysis.md, "What σ contains")."""
     lines = ["## Parameters: p̂ ± σ (what to quote)", "",
-             ("σ = sqrt(spread² + drift² + noise²): the spread between independent members turned into the error of "
+             ("σ = sqrt(spread² + drift² + noise² [+ non-closure²]): the spread between independent members turned into the error of "
               "their mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
               "without members), the drift of p̂ over the last "
               f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs (added where the parameter still moves, i.e. more "
               "than the members' spread; else shown as \"not in σ\"), and the Monte-Carlo error of p̂ from the K noise "
-              "vectors it averages (noise; --final-noise-samples makes it smaller). Pull = (p̂ − truth)/σ. p̂ here "
+              "vectors it averages (noise; --final-noise-samples makes it smaller), and, where a calibration measured "
+              "one, a systematic of the training (non-closure: analysis.nonclosure × the data's Cramér-Rao bound). "
+              "Pull = (p̂ − truth)/σ. p̂ here "
               "uses K noise vectors of its own, so it differs from the residual table's (--noise-samples) by about "
               "the noise column.")]
     for g in summary["groups"]:
         u = g["uncertainty"]
+        nc = u.get("nonclosure") if any(u.get("nonclosure") or []) else None  # (a systematic: its own column)
         how = ("" if u["spread_from"] != "members" else
                " (members = √(bound² + max(scatter², the bound's part of it)/M): the scatter's training noise "
                "averages over the members, stats.split_scatter)" if u.get("split_by_bound") else
                f" (members = scatter × {u['factor']:.3f})")
         lines += ["", f"### {g['name']}: {u['n_members']} member(s), σ from {u['spread_from']}{how}, "
                       f"epoch {u['epoch']}, K = {u['noise_samples']} noise vectors", "",
-                  "| parameter | truth | p̂ ± σ | 68.3 % / 95.4 % interval | members | ranks | drift | noise (K) | pull | "
-                  "convergence |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| parameter | truth | p̂ ± σ | 68.3 % / 95.4 % interval | members | ranks | drift | noise (K) | "
+                  + ("non-closure | " if nc else "") + "pull | convergence |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if nc else "") + "---:|---|"]
         known = g.get("truth_known", True)
         floored = u.get("floored") or [False] * len(summary["parameters"])
         for i, name in enumerate(summary["parameters"]):
@@ -327,7 +345,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                          f"{_g(u['members'][i])}{' (the data floor)' if floored[i] else ''} | {_g(u['ranks'][i])} | "
                          f"{_g(u['drift'][i])}"
                          f"{'' if u['drift_added'][i] else ' (not in σ)'} | "
-                         f"{_g(u['sampling'][i])} | "
+                         f"{_g(u['sampling'][i])} | " + (f"{_g(nc[i])} | " if nc else "") +
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
         if not known:

@@ -151,6 +151,17 @@ class EnsembleConfig:
 
 
 @dataclass
+class AnalysisConfig:
+    """How sagips.analyze turns the members into p-hat +- sigma (docs/analysis.md)."""
+
+    nonclosure: float = opt(0.0, "a systematic error of the GAN, in units of the data's Cramer-Rao bound, added in "
+                            "quadrature to every parameter's sigma and named in the output: the training bias that a "
+                            "calibration on data sets of known truth measured beyond sigma (benchmarks/coverage.py "
+                            "prints it as 'non-closure'); 0: none. Needs the bound (density and simulator "
+                            "environments)", min=0.0)
+
+
+@dataclass
 class DataConfig:
     """How each rank takes its share of a reference data file (docs/environments.md, "Reference data at scale")."""
 
@@ -180,6 +191,7 @@ class Config:
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
 
 
 # --------------------------------------------------------------------------------------------- validation

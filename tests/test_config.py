@@ -20,6 +20,9 @@ def test_defaults_are_the_papers():
 def test_presets_load(preset):
     cfg = load(str(ROOT / "configs" / preset))
     assert cfg.environment.name == "proxy1d"
+    # the quick preset carries the non-closure its calibration measured (docs/benchmarks/coverage.md); the paper's
+    # preset, never calibrated, none
+    assert cfg.analysis.nonclosure == (0.7 if preset == "proxy1d-quick.yaml" else 0.0)
 
 
 def test_set_values_are_yaml():
@@ -47,6 +50,8 @@ def test_set_values_are_yaml():
     (["environment.subset_fraction=1.5"], "environment.subset_fraction"),
     (["train.progress=maybe"], "train.progress"),
     (["train=3"], "train"),
+    (["analysis.nonclosure=-0.5"], "analysis.nonclosure"),
+    (["analysis.nonclosure=much"], "analysis.nonclosure"),
 ])
 def test_bad_values_name_the_key(sets, fragment):
     with pytest.raises(ConfigError) as exc:

@@ -2,6 +2,7 @@
 for 1 replica of smear1d, its JSON, resume (a rerun trains nothing), and the page generated whole."""
 import copy
 import json
+import math
 import re
 import sys
 
@@ -454,3 +455,43 @@ def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary(monke
     tau = [ln for ln in coverage.summary(stale + second + first) if ln.startswith("| smear1d | tau |")]
     assert len(tau) == 1 and tau[0].startswith("| smear1d | tau | 8f7da98cea43+0123456789ab | 10 | 4 |")
     assert coverage.settings_of(first[0]["profile"]) != coverage.settings_of(other[0]["profile"])
+
+
+def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
+    """coverage.nonclosure_sq against a hand computation: members that all saw the whole data set, sigma =
+    sqrt(members^2 + bound^2) = sqrt(1.25) bounds, a GAN 1.2 bounds from the ML fit (sigma_ML = bound) measure
+    1.2^2 + 1 - 1.25 = 1.19 bounds^2; applied (analysis.nonclosure = sqrt(1.19)), sigma grows by exactly that, so the
+    error beyond it is 0. Which value a record gets: its runs' own, else for the preset at today's defaults the
+    preset's current one (configs/proxy1d-quick.yaml), else none."""
+    from pathlib import Path
+
+    b = np.array([0.01, 0.04])
+    recs = []
+    for k in range(6):
+        ml = np.array([1.0, 2.0]) + 0.3 * b * (-1) ** k
+        recs.append({"case": "proxy1d", "subset_fraction": 1.0, "names": ["a", "b"], "truth": [1.0, 2.0],
+                     "profile": {"set": [], "members": 4},
+                     "gan": {"spread_from": "members", "members": (0.5 * b).tolist(), "scatter": b.tolist(),
+                             "drift": [0.0, 0.0], "sampling": [0.0, 0.0], "n_members": 4, "cramer_rao": b.tolist(),
+                             "p_hat": (ml + 1.2 * b * (-1) ** (k // 2)).tolist(), "nonclosure": 0.0,
+                             "sigma": (math.sqrt(1.25) * b).tolist()},
+                     "moving": [False, False], "ml": {"p": ml.tolist(), "sigma": b.tolist()}})
+    for i in range(2):
+        assert coverage.sigma_now(recs[0], i) == pytest.approx(math.sqrt(1.25) * b[i], rel=1e-12)
+        assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.44 + 1 - 1.25, rel=1e-12)
+    for r in recs:
+        r["gan"]["nonclosure"] = math.sqrt(1.19)
+    for i in range(2):
+        assert coverage.sigma_now(recs[0], i) == pytest.approx(math.sqrt(1.25 + 1.19) * b[i], rel=1e-12)
+        assert coverage.sigma_now(recs[0], i, 0.0) == pytest.approx(math.sqrt(1.25) * b[i], rel=1e-12)
+        assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.19, rel=1e-12)  # (measured without it)
+    line = coverage.nonclosure_line(coverage.stats_of(recs))
+    assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.091 bounds" in line
+    # which non-closure a real record gets
+    folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
+    preset = json.loads((folder / "proxy1d-054f4872d7b7-000.json").read_text())  # (from before the option)
+    variant = json.loads((folder / "proxy1d-bc9f9d4b5757-000.json").read_text())
+    assert "nonclosure" not in preset["gan"] and coverage.at_defaults("proxy1d", preset["profile"])
+    assert coverage.nonclosure_of(preset) == 0.7 and coverage.nonclosure_of(variant) == 0.0
+    preset["gan"]["nonclosure"] = 0.25
+    assert coverage.nonclosure_of(preset) == 0.25

@@ -37,9 +37,10 @@ def fixed_generator(env, p):
     return G
 
 
-def write_run(path, mode, preds, seed=1, member=0, split=None, events=None):
+def write_run(path, mode, preds, seed=1, member=0, split=None, events=None, nonclosure=None):
     """preds: {epoch: (R, 6)} -> a sagips.run output directory with R ranks; split = [index, parts] of
-    ensemble.data=split; events: the reference data's size in run.json (what analyze's Cramér-Rao bound needs)."""
+    ensemble.data=split; events: the reference data's size in run.json (what analyze's Cramér-Rao bound needs);
+    nonclosure: the run's analysis.nonclosure (None: a run.json from before the option)."""
     env, cfg = proxy1d()
     ranks = len(next(iter(preds.values())))
     info = {"environment": "proxy1d", "mode": mode, "world_size": ranks, "member": member,
@@ -49,6 +50,8 @@ def write_run(path, mode, preds, seed=1, member=0, split=None, events=None):
         info["reference_data"] = {"split": list(split)}
     if events is not None:
         info.setdefault("reference_data", {})["events"] = events
+    if nonclosure is not None:
+        info["config"]["analysis"] = {"nonclosure": nonclosure}
     path.mkdir(parents=True)
     (path / "run.json").write_text(json.dumps(info))
     for epoch, rows in preds.items():
@@ -521,15 +524,17 @@ def test_sigma_is_floored_at_the_datas_error():
     assert conv[0]["sigma"] == 0.05 and "Cramér-Rao" in conv[0]["message"] and conv[0]["moving"] is False
 
 
-def analyze_four_members(tmp_path, truth, apart: float, events: int) -> dict:
-    """Four proxy1d members at truth * (1 + apart * (1, -1, 0.5, -0.5)) on a data set of `events`: analyze's
-    summary.json uncertainty of their group."""
+def analyze_four_members(tmp_path, truth, apart: float, events: int, nonclosure=None, args=()) -> dict:
+    """Four proxy1d members at truth * (1 + apart * (1, -1, 0.5, -0.5)) on a data set of `events` (with
+    analysis.nonclosure = nonclosure, or one per member), analyzed with `args`: the summary.json uncertainty of
+    their group."""
     offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * apart
+    nc = nonclosure if isinstance(nonclosure, (list, tuple)) else [nonclosure] * 4
     for m in range(4):
         write_run(tmp_path / "job" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
-                  events=events)
+                  events=events, nonclosure=nc[m])
     assert main([str(tmp_path / "job"), "--out", str(tmp_path / "rep"), "--noise-samples", "4", "--resamples", "2",
-                 "--final-noise-samples", "4"]) == 0
+                 "--final-noise-samples", "4", *args]) == 0
     return json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["uncertainty"]
 
 
@@ -564,3 +569,53 @@ def test_analyze_notes_members_far_apart_on_proxy1d(tmp_path, truth):
     far = [f"r_{i}" for i in range(6) if ratio[i] > stats.FAR_FROM_FLOOR]
     assert far and [n.split(":")[0] for n in u["notes"] if "far apart" in n] == far
     assert "x the data's Cramér-Rao bound" in (tmp_path / "rep" / "summary.md").read_text()
+
+
+def test_the_nonclosure_adds_a_known_systematic_in_quadrature():
+    """stats.uncertainty with analysis.nonclosure = 0.7: sigma^2 gains (0.7 bound)^2 by hand, the part is known
+    (not sampled), so the degrees of freedom grow as (sigma / sigma without it)^4 (Welch-Satterthwaite), and a note
+    names it; without a bound it cannot apply, sigma is unchanged and a note says so."""
+    values = np.array([[1.0, 10.0], [1.001, 10.4], [0.999, 9.6], [1.0, 10.0]])
+    bound = np.array([0.05, 0.05])
+    base = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound)
+    u = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound, nonclosure=0.7)
+    np.testing.assert_allclose(u.nonclosure, 0.7 * bound, rtol=1e-12)
+    np.testing.assert_allclose(u.sigma, np.sqrt(base.sigma ** 2 + (0.7 * bound) ** 2), rtol=1e-12)
+    np.testing.assert_allclose(u.p_hat, base.p_hat) and np.testing.assert_allclose(u.members, base.members)
+    assert u.dof[0] == math.inf  # (the floor's parameter: nothing sampled either way)
+    assert u.dof[1] == pytest.approx(base.dof[1] * (u.sigma[1] / base.sigma[1]) ** 4, rel=1e-12)
+    assert [n for n in u.notes if "non-closure" in n] == [
+        "σ includes a systematic of the training (non-closure) of 0.7 × the data's Cramér-Rao bound "
+        "(analysis.nonclosure, measured by a calibration on data of known truth: docs/analysis.md)"]
+    assert not base.nonclosure.any() and not any("non-closure" in n for n in base.notes)
+    plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, nonclosure=0.7)
+    np.testing.assert_allclose(plain.sigma, stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5,
+                                                              True).sigma, rtol=1e-12)
+    assert not plain.nonclosure.any() and any("analysis.nonclosure=0.7" in n and "not applied" in n
+                                              for n in plain.notes)
+
+
+def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsys):
+    """End to end on proxy1d members: the runs' analysis.nonclosure (from run.json) adds 0.7 x the bound to sigma,
+    in the JSON's own part and a column of summary.md; --nonclosure overrides it (0: none, as a run.json from before
+    the option); members made with different values stop with one line that names the option."""
+    base = analyze_four_members(tmp_path / "old", truth, 2e-4, 10_000)
+    u = analyze_four_members(tmp_path / "new", truth, 2e-4, 10_000, nonclosure=0.7)
+    bound = np.asarray(u["cramer_rao"], dtype=float)
+    np.testing.assert_allclose(u["nonclosure"], 0.7 * bound, rtol=1e-12)
+    np.testing.assert_allclose(u["sigma"], np.sqrt(np.asarray(base["sigma"]) ** 2 + (0.7 * bound) ** 2), rtol=1e-9)
+    md = (tmp_path / "new" / "rep" / "summary.md").read_text()
+    assert "| noise (K) | non-closure | pull |" in md and "non-closure) of 0.7 × the data's Cramér-Rao" in md
+    assert "| non-closure |" not in (tmp_path / "old" / "rep" / "summary.md").read_text()
+    over = analyze_four_members(tmp_path / "over", truth, 2e-4, 10_000, nonclosure=0.7, args=["--nonclosure", "0"])
+    np.testing.assert_allclose(over["sigma"], base["sigma"], rtol=1e-12)
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-4
+    for m, nc in enumerate([0.7, 0.7, 0.5, None]):
+        write_run(tmp_path / "mixed" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,
+                  events=10_000, nonclosure=nc)
+    capsys.readouterr()
+    assert main([str(tmp_path / "mixed"), "--out", str(tmp_path / "rep"), "--noise-samples", "4"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "different analysis.nonclosure (0, 0.5, 0.7)" in err and "--nonclosure" in err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "mixed"), "--out", str(tmp_path / "rep"), "--nonclosure", "-1"])

@@ -452,12 +452,13 @@ def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
     return skipped if f is None else f
 
 
-def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None
-                      ) -> tuple[stats.Uncertainty, list[dict[str, Any]]]:
+def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None,
+                      nonclosure: float | None = None) -> tuple[stats.Uncertainty, list[dict[str, Any]]]:
     """p^ +- sigma with its parts at the group's last checkpoint, and the convergence diagnostic (per parameter).
     With `final` (predict_final), p^, the members, the ranks and the noise's Monte-Carlo error come from its larger
     noise batch; the drift always comes from the series (one noise batch at every epoch, so its Monte-Carlo error
-    does not move)."""
+    does not move). `nonclosure` (bounds; None: the runs' analysis.nonclosure, `runs_nonclosure`) adds a systematic
+    of the training to sigma (stats.nonclosure_part)."""
     t_last = len(g.epochs) - 1
     rows = final.rank_preds if final is not None else [rp[t_last] for rp in g.rank_preds]
     sampling = final.sampling if final is not None else stats.noise_sampling_error(g.preds[t_last])
@@ -480,7 +481,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         sizes = {(r.info.get("reference_data") or {}).get("events") for r in g.runs}
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
         bound = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
-    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound)
+    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound,
+                          nonclosure=runs_nonclosure(g.runs) if nonclosure is None else nonclosure)
     u.notes.extend(notes)
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
@@ -496,6 +498,16 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     spread = u.ranks / np.sqrt(max(1, n_ranks)) if u.spread_from == "ranks" else u.spread
     return u, stats.convergence(names, g.epochs, series, spread, fraction, lower_bound=u.spread_from == "ranks",
                                 floor=u.cramer_rao)
+
+
+def runs_nonclosure(runs: Sequence[Run]) -> float:
+    """The runs' analysis.nonclosure (0 for runs from before the option); one value, or AnalysisError."""
+    values = {float(((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure") or 0.0) for r in runs}
+    if len(values) > 1:
+        raise AnalysisError(f"the runs of one ensemble were made with different analysis.nonclosure "
+                            f"({', '.join(f'{v:g}' for v in sorted(values))}): give the one to apply with "
+                            "--nonclosure")
+    return values.pop() if values else 0.0
 
 
 def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,

@@ -259,7 +259,7 @@ class Uncertainty:
     """p^_i +- sigma_i of one ensemble, with its parts (all (P,), physical units). See docs/analysis.md."""
 
     p_hat: np.ndarray     #: the mean over the members at the last checkpoint
-    sigma: np.ndarray     #: sqrt(spread^2 + drift^2 [where drift_added] + sampling^2): the one to quote
+    sigma: np.ndarray     #: sqrt(spread^2 + drift^2 [where drift_added] + sampling^2 + nonclosure^2): to quote
     spread: np.ndarray    #: the spread part of sigma: `members`, or without members ranks/sqrt(R), or 0
     #: the members' scatter turned into the error of p^: s * members_factor, or with the data's bound
     #: `split_scatter` (NaN: M < 2)
@@ -280,6 +280,8 @@ class Uncertainty:
     #: (P,) the part of the spread sampled from the members (their M - 1 degrees of freedom), where a known part
     #: (the bound's, `split_scatter`) is in it too; None: the spread, or the members' part where not floored
     sampled: np.ndarray | None = None
+    #: (P,) the systematic part of sigma (`nonclosure_part`, analysis.nonclosure; 0: none)
+    nonclosure: np.ndarray | None = None
 
     @property
     def dof(self) -> np.ndarray:
@@ -303,8 +305,9 @@ class Uncertainty:
 
 
 def effective_dof(spread: np.ndarray, sigma: np.ndarray, n_members: int, from_members: bool) -> np.ndarray:
-    """Welch-Satterthwaite degrees of freedom of sigma^2 = spread^2 + drift^2 + noise^2, where only the members'
-    spread is sampled (M - 1 degrees of freedom) and the drift and the noise's Monte-Carlo error count as known:
+    """Welch-Satterthwaite degrees of freedom of sigma^2 = spread^2 + drift^2 + noise^2 (+ nonclosure^2), where only
+    the members' spread is sampled (M - 1 degrees of freedom) and the drift, the noise's Monte-Carlo error and the
+    non-closure count as known:
     dof = (M - 1) (sigma / spread)^4 (P,); inf without members or where the spread is 0."""
     sp = np.abs(np.asarray(spread, dtype=np.float64))
     sg = np.asarray(sigma, dtype=np.float64)
@@ -321,11 +324,12 @@ NO_STATISTICS = "sigma holds their training noise but no statistical error of th
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
                 seen: float | None, shared_data: bool, sampling: np.ndarray | None = None,
-                bound: np.ndarray | None = None) -> Uncertainty:
+                bound: np.ndarray | None = None, nonclosure: float = 0.0) -> Uncertainty:
     """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
     of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`), the Monte-Carlo error `sampling` (P,) of the
     noise average (see `noise_sampling_error`; None: 0) and the data set's Cramér-Rao bound `bound` (P,) (density
-    environments; None: unknown), which floors the members' part (`data_floor`, `spread_with_floor`)."""
+    environments; None: unknown), which floors the members' part (`data_floor`, `spread_with_floor`), and a
+    systematic of `nonclosure` bounds (`nonclosure_part`, analysis.nonclosure) added to sigma in quadrature."""
     v = np.asarray(member_values, dtype=np.float64)
     m = v.shape[0]
     p_hat = v.mean(axis=0)
@@ -362,8 +366,17 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
-    sigma, added = compose_sigma(spread, dr, mc, source == "members")
+    nc = nonclosure_part(nonclosure, bound)
+    if nonclosure and nc is None:
+        notes.append(f"analysis.nonclosure={nonclosure:g} is a number of the data's Cramér-Rao bounds, which are not "
+                     "known here: not applied, so σ holds no systematic of the training")
+    elif nc is not None:
+        notes.append(f"σ includes a systematic of the training (non-closure) of {nonclosure:g} × the data's "
+                     "Cramér-Rao bound (analysis.nonclosure, measured by a calibration on data of known truth: "
+                     "docs/analysis.md)")
+    sigma, added = compose_sigma(spread, dr, mc, source == "members", nc)
     u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
+    u.nonclosure = np.zeros_like(p_hat) if nc is None else nc
     u.cramer_rao, u.floored = (None if bound is None else np.asarray(bound, dtype=np.float64)), floored
     u.sampled = sampled
     return u
@@ -399,12 +412,23 @@ def split_scatter(scatter: np.ndarray, bound: np.ndarray, seen: float, n_members
     return members, low, np.where(low, 0.0, np.where(ok, s / math.sqrt(m), members))
 
 
-def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(sigma, drift added (P,) bool): sigma = sqrt(spread^2 + drift^2 [where `drift_in_sigma`] + sampling^2)."""
+def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool,
+                  nonclosure: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(sigma, drift added (P,) bool): sigma = sqrt(spread^2 + drift^2 [where `drift_in_sigma`] + sampling^2
+    + nonclosure^2) (`nonclosure_part`; None: 0)."""
     sp, dr, mc = (np.abs(np.asarray(v, dtype=np.float64)) for v in (spread, drift, sampling))
+    nc = np.zeros_like(sp) if nonclosure is None else np.abs(np.asarray(nonclosure, dtype=np.float64))
     added = drift_in_sigma(dr, sp, from_members)
-    return np.sqrt(sp ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2), added
+    return np.sqrt(sp ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2 + nc ** 2), added
+
+
+def nonclosure_part(nonclosure: float, bound: np.ndarray | None) -> np.ndarray | None:
+    """The systematic part of sigma (P,), physical units: `analysis.nonclosure` (a number of the data's Cramér-Rao
+    bounds, measured by a calibration: benchmarks/coverage.py) times the bound; None where it is 0 or no bound is
+    known (then it cannot apply, and `uncertainty` says so)."""
+    if not nonclosure or bound is None:
+        return None
+    return float(nonclosure) * np.abs(np.asarray(bound, dtype=np.float64))
 
 
 def data_floor(bound: np.ndarray, seen: float | None, n_members: int, shared_data: bool) -> np.ndarray:
