@@ -54,7 +54,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import jobs  # noqa: E402
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
 from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof, nonclosure_part,  # noqa: E402
@@ -364,24 +364,9 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
 
 
 def train(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
-    """Run a replica's training job. If the study is stopped meanwhile (Ctrl-C, a kill's SIGTERM), the job gets a
-    SIGTERM, which `timeout` passes on to mpiexec and its ranks (a SIGKILL of `timeout` would leave them running), and
-    the study waits for it before its work directory goes."""
-    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
-        try:
-            out, err = p.communicate()
-        except BaseException:
-            p.terminate()
-            try:
-                p.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            raise
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
-
-
-def _stop(signum, frame):
-    raise SystemExit(128 + signum)
+    """Run a replica's training job (benchmarks/jobs.py): a stopped study stops it and waits for it before its work
+    directory goes."""
+    return jobs.run_job(cmd, env, ROOT)
 
 
 def commit(path: Path, message: str) -> None:
@@ -989,11 +974,8 @@ def main(argv=None) -> int:
     if not args.page_only:
         # a kill's SIGTERM unwinds as Ctrl-C does: the running job stops and the work directory (a replica's data
         # and run, up to ~1 GB) goes with the study
-        before = signal.signal(signal.SIGTERM, _stop)
-        try:
+        with jobs.stops_on_sigterm():
             study(args, out)
-        finally:
-            signal.signal(signal.SIGTERM, before)
     (out / "coverage.md").write_text(page(out))
     print(f"coverage: wrote {out / 'coverage.md'}")
     return 0

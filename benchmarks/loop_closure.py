@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import jobs  # noqa: E402
 from sagips.config import load  # noqa: E402
+from sagips.io import atomic  # noqa: E402
 from sagips_environments.proxy1d import Proxy1D, theory  # noqa: E402
 
 PRESET = "configs/proxy1d-quick.yaml"
@@ -199,9 +200,13 @@ def run_part(mode: str, truth: str, a, run_dir: Path) -> dict:
     shown = " ".join(["mpiexec -n", str(a.ranks), "python", *cmd[4:]])
     print(f"loop_closure: {mode} at truth {truth}: {shown}", flush=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, timeout=a.timeout_min * 60, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          capture_output=True, text=True)
+    # under `timeout`, and stopped with the script (benchmarks/jobs.py): no rank outlives the part
+    proc = jobs.run_job(["timeout", "--kill-after=10", str(round(a.timeout_min * 60)), *cmd],
+                        dict(os.environ, OMP_NUM_THREADS="1"), ROOT)
     wall = time.time() - t0
+    if proc.returncode in (124, 137):
+        raise SystemExit(f"loop_closure: the run at truth {truth} ran past --timeout-min {a.timeout_min:g} and was "
+                         "stopped; raise --timeout-min")
     if proc.returncode != 0:
         raise SystemExit(f"loop_closure: the run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     info = json.loads((run_dir / "run.json").read_text())
@@ -275,7 +280,8 @@ def plot(parts: list[dict], floors: dict, truths: list[str], budget_s: float, pa
     fig.legend([handles[lab] for lab in labels], labels, loc="upper center", bbox_to_anchor=(0.5, 0.0),
                ncol=min(4, len(labels)), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with atomic.atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -389,7 +395,7 @@ def write_page(parts: list[dict], floors: dict, truths: list[str], a, path: Path
                                                      "(a floor from before σ_ML: rerun the script) | | | | |") + " |")
     lines += ["", "Parts finished: " + ", ".join(sorted(p["finished"] for p in parts)) if parts else "", "",
               f"Notes and the history of earlier runs: [{NOTES}]({NOTES}).", ""]
-    path.write_text("\n".join(lines))
+    atomic.write_text(path, "\n".join(lines))
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -429,14 +435,15 @@ def main() -> int:
             t0 = time.time()
             fl = floor(cfg.environment, cfg.seed)
             fl["seconds"] = round(time.time() - t0, 1)
-            fpath.write_text(json.dumps(fl, indent=1) + "\n")
+            atomic.write_text(fpath, json.dumps(fl, indent=1) + "\n")
             print(f"loop_closure: ML floor at truth {truth}: max|r| {fl['max_abs_r']:.4f}", flush=True)
         for mode in a.modes:
             ppath = parts_dir / f"{mode}__{key}.json"
             if ppath.exists() and not a.redo:
                 continue
-            part = run_part(mode, truth, a, Path(a.runs) / mode / key)
-            ppath.write_text(json.dumps(part, indent=1) + "\n")
+            with jobs.stops_on_sigterm():  # a kill of the script stops the part's ranks too
+                part = run_part(mode, truth, a, Path(a.runs) / mode / key)
+            atomic.write_text(ppath, json.dumps(part, indent=1) + "\n")
             print(f"loop_closure: {mode} at truth {truth}: first <= {TARGET} at {fmt_s(part['first_below_s'])}, "
                   f"below from {fmt_s(part['below_from_s'])}, final {part['final_max_abs_r']:.4f} after "
                   f"{part['train_s']:.0f} s", flush=True)
