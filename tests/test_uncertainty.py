@@ -607,6 +607,7 @@ def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsy
     md = (tmp_path / "new" / "rep" / "summary.md").read_text()
     assert "| noise (K) | non-closure | pull |" in md and "non-closure) of 0.7 × the data's Cramér-Rao" in md
     assert "| non-closure |" not in (tmp_path / "old" / "rep" / "summary.md").read_text()
+    assert (tmp_path / "new" / "rep" / "uncertainty.png").stat().st_size > 0
     over = analyze_four_members(tmp_path / "over", truth, 2e-4, 10_000, nonclosure=0.7, args=["--nonclosure", "0"])
     np.testing.assert_allclose(over["sigma"], base["sigma"], rtol=1e-12)
     offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-4

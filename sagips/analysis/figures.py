@@ -186,14 +186,15 @@ def analysis_rate(summary: dict[str, Any], path: str) -> str:
 
 def uncertainty(summary: dict[str, Any], path: str) -> str:
     """One panel per parameter: each group's p^ +- sigma (black) and, beside it, +- each part of sigma (members,
-    ranks, drift), against the truth (dashed); a parameter still moving is named in red."""
+    ranks, drift, and the non-closure where one is applied), against the truth (dashed); a parameter still moving is
+    named in red."""
     groups, names = summary["groups"], summary["parameters"]
     ncol = min(3, len(names))
     nrow = math.ceil(len(names) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(0.6 + 3.3 * ncol, 0.9 + 2.6 * nrow), squeeze=False)
     _margins(fig, left=0.8, right=0.15, bottom=0.9, top=0.55, wspace=0.45, hspace=0.7)
     parts = (("sigma", "σ", "k", 0.0), ("members", "members", "tab:blue", 0.15), ("ranks", "ranks", "tab:green", 0.25),
-             ("drift", "drift", "tab:red", 0.35))
+             ("drift", "drift", "tab:red", 0.35), ("nonclosure", "non-closure", "tab:purple", 0.45))
     labelled: set[str] = set()
     for i, name in enumerate(names):
         ax = axes[i // ncol][i % ncol]
@@ -202,8 +203,8 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
             u = g["uncertainty"]
             moving |= bool(g["convergence"][i]["moving"])
             for key, label, colour, dx in parts:
-                err = u[key][i]
-                if err is None:
+                err = (u.get(key) or [None] * len(names))[i]
+                if err is None or (key == "nonclosure" and not err):  # (no systematic applied: not drawn)
                     continue
                 ax.errorbar([j + dx], [u["p_hat"][i]], yerr=[err], fmt="o" if key == "sigma" else "none",
                             color=colour, capsize=3, markersize=4, linewidth=1.6 if key == "sigma" else 1.0,
@@ -217,7 +218,7 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
         ax.grid(alpha=0.3, axis="y")
     for k in range(len(names), nrow * ncol):
         axes[k // ncol][k % ncol].set_visible(False)
-    fig.legend(fontsize=7, loc="lower center", ncol=4)
+    fig.legend(fontsize=7, loc="lower center", ncol=5)
     fig.suptitle(r"$\hat p_i \pm \sigma_i$ at the last checkpoint, and the parts of $\sigma_i$ (truth dashed)",
                  fontsize=9)
     return _save(fig, path)
