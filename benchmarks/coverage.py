@@ -48,7 +48,9 @@ ratio of the GAN's sigma to the ML sigma. Target: pull width 0.8-1.25, coverage 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
+import functools
 import hashlib
 import json
 import math
@@ -256,7 +258,13 @@ def preset_digest(config: str | None) -> str | None:
 
 
 def preset_settings(config: str | None) -> dict | None:
-    """The preset's parsed settings (YAML file or ENV:NAME), or None where there is none or it cannot be read here."""
+    """The preset's parsed settings (YAML file or ENV:NAME), or None where there is none or it cannot be read here.
+    A fresh copy each call (the parse is cached: the page asks per record and parameter)."""
+    return copy.deepcopy(_preset_settings(config))
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_settings(config: str | None) -> dict | None:
     from sagips.config import is_preset, load_yaml, preset
 
     if config is None:
@@ -269,14 +277,17 @@ def preset_settings(config: str | None) -> dict | None:
 
 def nonclosure_of(r: dict) -> float:
     """The non-closure (a number of Cramér-Rao bounds, analysis.nonclosure) that analyze applies to a record's sigma
-    now: the one its runs carried, or, for a record from before the option that ran a case's preset at today's
-    defaults, the preset's current analysis.nonclosure (so that records read as analyze reads new runs); else 0."""
+    now: the one its runs carried, or, for a record from before the option that ran a case's current preset (its
+    digest, where recorded, the preset's today; not a superseded profile) at today's defaults, the preset's current
+    analysis.nonclosure (so that records read as analyze reads new runs); else 0."""
     if r["gan"].get("nonclosure") is not None:
         return float(r["gan"]["nonclosure"])
     prof = r["profile"]
-    if not prof.get("config") or prof.get("workflow", "ensemble") != "ensemble" or not at_defaults(r["case"], prof):
+    cfg = prof.get("config")
+    if not cfg or r.get("superseded") or not at_defaults(r["case"], prof) or (
+            r.get("preset") and r["preset"] != preset_digest(cfg)):
         return 0.0
-    return float(((preset_settings(prof["config"]) or {}).get("analysis") or {}).get("nonclosure") or 0.0)
+    return float(((preset_settings(cfg) or {}).get("analysis") or {}).get("nonclosure") or 0.0)
 
 
 def stale_preset(rs: list[dict], digest: str | None) -> dict | None:
@@ -423,7 +434,7 @@ def stats_of(recs: list[dict]) -> list[dict]:
             row["ml_pull_width"] = float(np.std((mp - t) / ms, ddof=1)) if len(recs) > 1 else None
             row["typical"] = at_typical_data(t, p, s, mp, ms, np.array(dof))
             row["nonclosure_sq"] = nonclosure_sq(recs, i)
-        row["nonclosure"] = float(np.mean([nonclosure_of(r) for r in recs]))
+        row["nonclosure"] = sorted({nonclosure_of(r) for r in recs})  # (one value, unless records differ)
         out.append(row)
     return out
 
@@ -452,11 +463,12 @@ def nonclosure_line(rows: list[dict]) -> str | None:
     if any(x is None for x in sq):
         return None
     def root(x): return f"{math.sqrt(x):.2f}" if x > 0 else f"0 ({x:+.2f} in its square)"
-    applied = sorted({round(r["nonclosure"], 3) for r in rows})
+    applied = rows[0]["nonclosure"]
     return ("Non-closure measured here (the GAN's error beyond σ without one, in Cramér-Rao bounds: "
             "√mean((p̂ − p_ML)² + σ_ML² − σ²)/bound): " + ", ".join(f"{r['name']} {root(x)}" for r, x in zip(rows, sq))
             + f"; over all parameters {root(float(np.mean(sq)))}. Applied to σ above: "
-            + (f"{applied[0]:g} bounds (analysis.nonclosure)" if len(applied) == 1 else "varies by record") + ".")
+            + (f"{applied[0]:.3g} bounds (analysis.nonclosure)" if len(applied) == 1 else
+               "varies by record (" + ", ".join(f"{v:.3g}" for v in applied) + " bounds)") + ".")
 
 
 def typical_cell(typ: dict | None) -> str:
@@ -895,7 +907,7 @@ def page(out: Path) -> str:
     # superseded profiles, kept in subfolders (coverage/NAME/*.json): shown after the current ones, labelled
     old = {p.parent.name: [] for p in (out / "coverage").glob("*/*.json")}
     for p in sorted((out / "coverage").glob("*/*.json")):
-        old[p.parent.name].append(json.loads(p.read_text()))
+        old[p.parent.name].append(dict(json.loads(p.read_text()), superseded=True))  # (`nonclosure_of`)
     fill_bounds(recs + [r for rs in old.values() for r in rs])
     m = machine()
     lines = ["# Calibration of p̂ ± σ: pulls and coverage (benchmarks/coverage.py)", "",

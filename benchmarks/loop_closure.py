@@ -201,10 +201,10 @@ def run_part(mode: str, truth: str, a, run_dir: Path) -> dict:
     print(f"loop_closure: {mode} at truth {truth}: {shown}", flush=True)
     t0 = time.time()
     # under `timeout`, and stopped with the script (benchmarks/jobs.py): no rank outlives the part
-    proc = jobs.run_job(["timeout", "--kill-after=10", str(round(a.timeout_min * 60)), *cmd],
-                        dict(os.environ, OMP_NUM_THREADS="1"), ROOT)
+    limit = max(1, round(a.timeout_min * 60))
+    proc = jobs.run_job(["timeout", "--kill-after=10", str(limit), *cmd], dict(os.environ, OMP_NUM_THREADS="1"), ROOT)
     wall = time.time() - t0
-    if proc.returncode in (124, 137):
+    if proc.returncode == 124 or (proc.returncode == 137 and wall >= limit):  # (137 alone: a rank killed, e.g. OOM)
         raise SystemExit(f"loop_closure: the run at truth {truth} ran past --timeout-min {a.timeout_min:g} and was "
                          "stopped; raise --timeout-min")
     if proc.returncode != 0:

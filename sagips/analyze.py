@@ -213,7 +213,7 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
         "environment": runs[0].environment,
         "settings": {"noise_samples": args.noise_samples, "final_noise_samples": final_k(args),
                      "group_by": args.group_by, "resamples": args.resamples,
-                     "seed": args.seed},
+                     "seed": args.seed, "nonclosure": getattr(args, "nonclosure", None)},  # (None: the runs')
         "parameters": (list(series[0].names) if series[0].names and len(series[0].names) == n_par
                        else [f"r_{i}" for i in range(n_par)]),
         "groups": [group_summary(g, args.resamples, rng, predict_final(g, final_k(args), args.seed),

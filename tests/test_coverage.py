@@ -486,12 +486,19 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
         assert coverage.sigma_now(recs[0], i, 0.0) == pytest.approx(math.sqrt(1.25) * b[i], rel=1e-12)
         assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.19, rel=1e-12)  # (measured without it)
     line = coverage.nonclosure_line(coverage.stats_of(recs))
-    assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.091 bounds" in line
+    assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.09 bounds" in line
+    recs[0]["gan"]["nonclosure"] = 0.0  # records made with two values: the line says so, never their mean
+    assert "Applied to σ above: varies by record (0, 1.09 bounds)." in coverage.nonclosure_line(
+        coverage.stats_of(recs))
     # which non-closure a real record gets
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
     preset = json.loads((folder / "proxy1d-054f4872d7b7-000.json").read_text())  # (from before the option)
     variant = json.loads((folder / "proxy1d-bc9f9d4b5757-000.json").read_text())
     assert "nonclosure" not in preset["gan"] and coverage.at_defaults("proxy1d", preset["profile"])
     assert coverage.nonclosure_of(preset) == 0.7 and coverage.nonclosure_of(variant) == 0.0
+    # never to a superseded profile, nor to records of a preset whose training settings have changed since
+    assert coverage.nonclosure_of(dict(preset, superseded=True)) == 0.0
+    assert coverage.nonclosure_of(dict(preset, preset="0123456789ab")) == 0.0
+    assert coverage.nonclosure_of(dict(preset, profile=dict(preset["profile"], workflow="run"))) == 0.7
     preset["gan"]["nonclosure"] = 0.25
     assert coverage.nonclosure_of(preset) == 0.25

@@ -581,17 +581,18 @@ def test_the_nonclosure_adds_a_known_systematic_in_quadrature():
     u = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound, nonclosure=0.7)
     np.testing.assert_allclose(u.nonclosure, 0.7 * bound, rtol=1e-12)
     np.testing.assert_allclose(u.sigma, np.sqrt(base.sigma ** 2 + (0.7 * bound) ** 2), rtol=1e-12)
-    np.testing.assert_allclose(u.p_hat, base.p_hat) and np.testing.assert_allclose(u.members, base.members)
+    np.testing.assert_allclose(u.p_hat, base.p_hat)
+    np.testing.assert_allclose(u.members, base.members)
     assert u.dof[0] == math.inf  # (the floor's parameter: nothing sampled either way)
     assert u.dof[1] == pytest.approx(base.dof[1] * (u.sigma[1] / base.sigma[1]) ** 4, rel=1e-12)
     assert [n for n in u.notes if "non-closure" in n] == [
         "σ includes a systematic of the training (non-closure) of 0.7 × the data's Cramér-Rao bound "
-        "(analysis.nonclosure, measured by a calibration on data of known truth: docs/analysis.md)"]
+        "(analysis.nonclosure; a calibration on data of known truth measures it: docs/analysis.md)"]
     assert not base.nonclosure.any() and not any("non-closure" in n for n in base.notes)
     plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, nonclosure=0.7)
     np.testing.assert_allclose(plain.sigma, stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5,
                                                               True).sigma, rtol=1e-12)
-    assert not plain.nonclosure.any() and any("analysis.nonclosure=0.7" in n and "not applied" in n
+    assert not plain.nonclosure.any() and any("non-closure 0.7 (analysis.nonclosure)" in n and "not applied" in n
                                               for n in plain.notes)
 
 
@@ -610,6 +611,9 @@ def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsy
     assert (tmp_path / "new" / "rep" / "uncertainty.png").stat().st_size > 0
     over = analyze_four_members(tmp_path / "over", truth, 2e-4, 10_000, nonclosure=0.7, args=["--nonclosure", "0"])
     np.testing.assert_allclose(over["sigma"], base["sigma"], rtol=1e-12)
+    more = analyze_four_members(tmp_path / "more", truth, 2e-4, 10_000, args=["--nonclosure", "1.5"])
+    np.testing.assert_allclose(more["sigma"], np.sqrt(np.asarray(base["sigma"]) ** 2 + (1.5 * bound) ** 2), rtol=1e-9)
+    assert any("1.5 × the data's Cramér-Rao bound (--nonclosure;" in n for n in more["notes"])
     offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-4
     for m, nc in enumerate([0.7, 0.7, 0.5, None]):
         write_run(tmp_path / "mixed" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,

@@ -482,7 +482,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
         bound = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
     u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound,
-                          nonclosure=runs_nonclosure(g.runs) if nonclosure is None else nonclosure)
+                          nonclosure=runs_nonclosure(g.runs) if nonclosure is None else nonclosure,
+                          nonclosure_from="the runs' analysis.nonclosure" if nonclosure is None else "--nonclosure")
     u.notes.extend(notes)
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
@@ -490,7 +491,9 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         u.notes.extend(stats.below_cramer_rao(names, u.scatter * u.factor, u.cramer_rao, u.n_members,
                                               options=final is None or final.options))
     if u.cramer_rao is not None and u.spread_from == "members":  # a spread of members far beyond the data's error
-        u.notes.extend(stats.above_cramer_rao(names, u.sigma, u.cramer_rao))
+        # (the members' own sigma: a non-closure is not their spread)
+        own = np.sqrt(np.maximum(u.sigma ** 2 - u.nonclosure ** 2, 0.0))
+        u.notes.extend(stats.above_cramer_rao(names, own, u.cramer_rao))
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

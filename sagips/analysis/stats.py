@@ -324,12 +324,14 @@ NO_STATISTICS = "sigma holds their training noise but no statistical error of th
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
                 seen: float | None, shared_data: bool, sampling: np.ndarray | None = None,
-                bound: np.ndarray | None = None, nonclosure: float = 0.0) -> Uncertainty:
+                bound: np.ndarray | None = None, nonclosure: float = 0.0,
+                nonclosure_from: str = "analysis.nonclosure") -> Uncertainty:
     """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
     of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`), the Monte-Carlo error `sampling` (P,) of the
     noise average (see `noise_sampling_error`; None: 0) and the data set's Cramér-Rao bound `bound` (P,) (density
     environments; None: unknown), which floors the members' part (`data_floor`, `spread_with_floor`), and a
-    systematic of `nonclosure` bounds (`nonclosure_part`, analysis.nonclosure) added to sigma in quadrature."""
+    systematic of `nonclosure` bounds (`nonclosure_part`, analysis.nonclosure; `nonclosure_from` names where it came
+    from) added to sigma in quadrature."""
     v = np.asarray(member_values, dtype=np.float64)
     m = v.shape[0]
     p_hat = v.mean(axis=0)
@@ -368,11 +370,11 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
     nc = nonclosure_part(nonclosure, bound)
     if nonclosure and nc is None:
-        notes.append(f"analysis.nonclosure={nonclosure:g} is a number of the data's Cramér-Rao bounds, which are not "
-                     "known here: not applied, so σ holds no systematic of the training")
+        notes.append(f"the non-closure {nonclosure:g} ({nonclosure_from}) is a number of the data's Cramér-Rao bounds, "
+                     "which are not known here: not applied, so σ holds no systematic of the training")
     elif nc is not None:
         notes.append(f"σ includes a systematic of the training (non-closure) of {nonclosure:g} × the data's "
-                     "Cramér-Rao bound (analysis.nonclosure, measured by a calibration on data of known truth: "
+                     f"Cramér-Rao bound ({nonclosure_from}; a calibration on data of known truth measures it: "
                      "docs/analysis.md)")
     sigma, added = compose_sigma(spread, dr, mc, source == "members", nc)
     u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
