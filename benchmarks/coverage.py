@@ -71,6 +71,7 @@ from benchmarks import jobs  # noqa: E402
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
 from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof, nonclosure_part,  # noqa: E402
+                                   nonclosure_terms,
                                    half_sampled, interval_factor, seen_fraction, split_scatter, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
@@ -317,8 +318,7 @@ def env_config(case: str, sets: list[str]):
 
 def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) -> dict:
     """Data, M members, sagips.analyze and the ML fit for replica k of `case`: the record of its JSON."""
-    from sagips.analysis.ensemble import (expand_run_dirs, group_uncertainty, load_run, predict_final, predict_group,
-                                          runs_nonclosure)
+    from sagips.analysis.ensemble import job_uncertainty, runs_nonclosure
     from sagips.data import main as data_main
 
     seed = args.data_seeds + k
@@ -349,9 +349,7 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
         raise SystemExit(f"coverage: training of {case} replica {k} failed (exit {r.returncode}): "
                          f"{r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ''}")
     # what sagips.analyze RUN computes for its p^ +- sigma section (the same functions, without its figures)
-    g = predict_group("coverage", [load_run(d) for d in expand_run_dirs([run])], args.noise_samples, 0)
-    final = predict_final(g, max(args.final_noise_samples, args.noise_samples), 0)
-    u, conv = group_uncertainty(g, final=final)
+    g, final, u, conv = job_uncertainty([run], args.noise_samples, args.final_noise_samples)
     nonclosure = runs_nonclosure(g.runs)
     truth = g.truth
     ml = ml_reference(case, data, truth, ecfg)
@@ -445,15 +443,16 @@ def nonclosure_sq(recs: list[dict], i: int) -> float | None:
     the data sets' own scatter drops out, mean((p^ - p_ML)^2 + sigma_ML^2 - sigma^2) / bound^2 (E (p^ - p_true)^2 =
     E (p^ - p_ML)^2 + sigma_ML^2 where the GAN's distance from the fit does not follow the fit's error; negative: sigma
     covers more than the error). None where a record has no bound or no ML sigma."""
-    terms = []
+    sq, s0, b = [], [], []
     for r in recs:
-        b = (r["gan"].get("cramer_rao") or [None] * (i + 1))[i]
+        bound = (r["gan"].get("cramer_rao") or [None] * (i + 1))[i]
         ms = (r["ml"].get("sigma") or [None] * (i + 1))[i]
-        if not b or ms is None:
+        if not bound or ms is None:
             return None
-        s0 = sigma_now(r, i, 0.0)
-        terms.append(((r["gan"]["p_hat"][i] - r["ml"]["p"][i]) ** 2 + ms ** 2 - s0 ** 2) / b ** 2)
-    return float(np.mean(terms))
+        sq.append((r["gan"]["p_hat"][i] - r["ml"]["p"][i]) ** 2 + ms ** 2)
+        s0.append(sigma_now(r, i, 0.0))
+        b.append(bound)
+    return float(np.mean(nonclosure_terms(np.array(sq), np.array(s0), np.array(b))))
 
 
 def nonclosure_line(rows: list[dict]) -> str | None:

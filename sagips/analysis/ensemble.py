@@ -503,6 +503,18 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                                 floor=u.cramer_rao)
 
 
+def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, final_noise_samples: int = 16384,
+                    noise_seed: int = 0, nonclosure: float | None = None
+                    ) -> tuple[GroupSeries, FinalPrediction, stats.Uncertainty, list[dict[str, Any]]]:
+    """What `sagips.analyze RUN_DIR...` computes for its p^ +- sigma section, without the figures and the table: the
+    runs (a job directory expands to its members) as one group, p^ +- sigma at the last common checkpoint on
+    max(final_noise_samples, noise_samples) noise vectors, and the convergence diagnostic."""
+    g = predict_group("job", [load_run(d) for d in expand_run_dirs(run_dirs)], noise_samples, noise_seed)
+    final = predict_final(g, max(final_noise_samples, noise_samples), noise_seed)
+    u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
+    return g, final, u, conv
+
+
 def runs_nonclosure(runs: Sequence[Run]) -> float:
     """The runs' analysis.nonclosure (0 for runs from before the option); one value, or AnalysisError."""
     values = {float(((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure") or 0.0) for r in runs}

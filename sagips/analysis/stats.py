@@ -424,6 +424,16 @@ def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, f
     return np.sqrt(sp ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2 + nc ** 2), added
 
 
+def nonclosure_terms(sq_error: np.ndarray, sigma: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """What each fit says of the non-closure (elementwise, in squared Cramér-Rao bounds): (its squared error - sigma^2)
+    / bound^2, with sigma without any non-closure. Their mean over data sets of known truth is s^2, the
+    `analysis.nonclosure` to apply (negative: sigma covers more than the error). The squared error is (p^ - p_true)^2
+    (sagips.closure), or, where an ML fit on the same events is known, (p^ - p_ML)^2 + sigma_ML^2, which leaves out
+    the draw of the data sets (benchmarks/coverage.py)."""
+    return ((np.asarray(sq_error, dtype=np.float64) - np.asarray(sigma, dtype=np.float64) ** 2)
+            / np.asarray(bound, dtype=np.float64) ** 2)
+
+
 def nonclosure_part(nonclosure: float, bound: np.ndarray | None) -> np.ndarray | None:
     """The systematic part of sigma (P,), physical units: `analysis.nonclosure` (a number of the data's Cramér-Rao
     bounds, measured by a calibration: benchmarks/coverage.py) times the bound; None where it is 0 or no bound is

@@ -1,0 +1,141 @@
+"""A closure test of your own problem: does p^ +- sigma cover the truth, and what non-closure should analyze add?
+
+    # K data sets at a truth you choose (one seed each), one job of M members on each
+    for k in $(seq 0 19); do
+      python -m sagips.data NAME --out data/k$k.h5 --seed $((1000 + k))
+      mpiexec -n 4 python -m sagips.run --config PRESET --mode ensemble --ensemble-size 4 --seed $((1000 + k)) \\
+          --set environment.data_file=data/k$k.h5 --output-dir closure/k$k
+    done
+    python -m sagips.closure closure/k*          # one job directory per data set
+
+For every job it computes what `sagips.analyze` quotes, p^ +- sigma, without any non-closure, and against the truth
+in run.json it reports per parameter the pulls (p^ - p_true)/sigma, how often +-1 sigma and analyze's 68.3 %
+interval cover the truth, and the **non-closure** s (in units of the data's Cramér-Rao bound): s^2 = mean((p^ -
+p_true)^2 - sigma^2)/bound^2 over the data sets (stats.nonclosure_terms), with its error. Where s^2 > 0 the GAN's
+error exceeds sigma: set `analysis.nonclosure: s` in the preset (or `sagips.analyze --nonclosure s`), and sigma
+includes it, named (docs/analysis.md, "A systematic of the training"). benchmarks/coverage.py does the same for the
+project's own cases, with a maximum-likelihood fit on every data set. Exit status 2: bad input, one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sagips.analysis import stats
+from sagips.analysis.ensemble import AnalysisError, job_uncertainty
+
+PROG = "sagips.closure"
+FEW = 10  #: below this many data sets s^2's error is said to be large
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0].strip(),
+                                epilog="Each JOB_DIR is one data set's fit: a sagips.run output directory, or a job "
+                                       "directory of members (--ensemble-size). The truth comes from its run.json: "
+                                       "make the data with sagips.data at the truth you choose.")
+    p.add_argument("job_dirs", nargs="+", metavar="JOB_DIR", help="one job (or run) directory per data set")
+    p.add_argument("--noise-samples", type=int, default=1024, metavar="K", help="as sagips.analyze (default 1024)")
+    p.add_argument("--final-noise-samples", type=int, default=16384, metavar="K",
+                   help="as sagips.analyze (default 16384)")
+    p.add_argument("--json", metavar="FILE", help="also write every number to FILE")
+    return p.parse_args(argv)
+
+
+def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int) -> dict[str, Any]:
+    """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P))."""
+    rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
+    names = None
+    for d in job_dirs:
+        g, _, u, conv = job_uncertainty([d], noise_samples, final_noise_samples, nonclosure=0.0)
+        if any(r.info.get("truth_known") is False for r in g.runs):
+            raise AnalysisError(f"{d}: its data name no truth; a closure test needs data made at a known truth "
+                                f"(python -m sagips.data NAME --seed S, then --set environment.data_file=...)")
+        if u.cramer_rao is None:
+            raise AnalysisError(f"{d}: the data's Cramér-Rao bound is not known for this environment, and the "
+                                f"non-closure is a number of bounds: a closure test needs a density, or a "
+                                f"simulator of 1-D events")
+        these = [c["name"] for c in conv]
+        if names is not None and these != names:
+            raise AnalysisError(f"{d}: parameters {these} differ from the first job's {names}")
+        names = these
+        for key, v in (("p_hat", u.p_hat), ("sigma", u.sigma), ("dof", u.dof), ("bound", u.cramer_rao),
+                       ("truth", g.truth)):
+            rows[key].append(np.asarray(v, dtype=np.float64))
+    return {"names": names, **{k: np.stack(v) for k, v in rows.items()}}
+
+
+def closure(f: dict[str, Any]) -> dict[str, Any]:
+    """The pulls, the coverage and the non-closure of the fits `f` (`fits`)."""
+    err = f["p_hat"] - f["truth"]
+    pull = err / f["sigma"]
+    k68 = np.vectorize(lambda d: stats.interval_factor(stats.P68, d))(f["dof"])
+    terms = stats.nonclosure_terms(err ** 2, f["sigma"], f["bound"])  # (K, P)
+    n = len(err)
+    per_set = terms.mean(axis=1)  # (the parameters of one data set share its draw: the data set is the unit)
+    s2 = float(per_set.mean())
+    s2_err = float(per_set.std(ddof=1) / math.sqrt(n)) if n > 1 else None  # (one data set: unknown)
+    s = math.sqrt(s2) if s2 > 0 else 0.0
+    with_s = err / np.sqrt(f["sigma"] ** 2 + (s * f["bound"]) ** 2)
+    params = [{"name": name, "pull_mean": float(pull[:, i].mean()),
+               "pull_std": float(pull[:, i].std(ddof=1)) if n > 1 else None,
+               "cover1": float(np.mean(np.abs(pull[:, i]) <= 1)), "cover68": float(np.mean(np.abs(pull[:, i])
+                                                                                          <= k68[:, i])),
+               "nonclosure_sq": float(terms[:, i].mean()), "cover1_with_nonclosure": float(np.mean(
+                   np.abs(with_s[:, i]) <= 1))}
+              for i, name in enumerate(f["names"])]
+    return {"data_sets": n, "parameters": params, "nonclosure_sq": s2, "nonclosure_sq_error": s2_err,
+            "nonclosure": s}
+
+
+def report(c: dict[str, Any]) -> list[str]:
+    n = c["data_sets"]
+    lines = [f"## Closure over {n} data set(s) of known truth (σ without a non-closure)", "",
+             "| parameter | pull mean | pull std | ±1σ | ±k68σ (analyze's 68.3 %) | s² (bounds²) | ±1σ with s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for p in c["parameters"]:
+        std = "n/a" if p["pull_std"] is None else f"{p['pull_std']:.2f}"
+        lines.append(f"| {p['name']} | {p['pull_mean']:+.2f} | {std} | {100 * p['cover1']:.0f} % | "
+                     f"{100 * p['cover68']:.0f} % | {p['nonclosure_sq']:+.2f} | "
+                     f"{100 * p['cover1_with_nonclosure']:.0f} % |")
+    s2, e = c["nonclosure_sq"], c["nonclosure_sq_error"]
+    pm = "(its error unknown from one data set)" if e is None else f"± {e:.2f}"
+    lines += ["", f"- non-closure: s² = {s2:+.2f} {pm} bounds² over all parameters (the mean over the data sets "
+                  "of ((p̂ − p_true)² − σ²)/bound²; a unit Gaussian pull gives 0)"]
+    if s2 > 0:
+        lines.append(f"- σ falls short of the error: set `analysis.nonclosure: {c['nonclosure']:.2g}` in the preset (or "
+                     f"`python -m sagips.analyze ... --nonclosure {c['nonclosure']:.2g}`); it is then part of σ, named")
+    else:
+        lines.append("- σ covers the error: no non-closure is needed")
+    if n < FEW or e is None or (s2 > 0 and e > s2):
+        lines.append(f"- {n} data set(s): s² is uncertain" + ("" if e is None else f" by ±{e:.2f}")
+                     + "; more data sets (20 or more) measure it")
+    lines.append("- pulls from M members follow Student's t (std 1.73 at M = 4 for an exact σ): judge ±k68σ, "
+                 "which should cover 68 %, and s², rather than the pulls' std")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.noise_samples < 1 or args.final_noise_samples < 2:
+            raise AnalysisError("--noise-samples must be at least 1 and --final-noise-samples at least 2")
+        c = closure(fits(args.job_dirs, args.noise_samples, args.final_noise_samples))
+    except AnalysisError as e:
+        print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        return 2
+    print("\n".join(report(c)))
+    if args.json:
+        from sagips.io import atomic
+
+        atomic.write_text(args.json, json.dumps(c, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

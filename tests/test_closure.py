@@ -1,0 +1,70 @@
+"""sagips.closure (a user's own closure test, issue 36): on jobs of proxy1d members at known offsets from the truth,
+its non-closure s^2 = mean((p^ - p_true)^2 - sigma^2)/bound^2 against a hand computation with the bound computed
+apart (the Fisher information of proxy1d, checked against its ML fit in tests/test_ml_covariance.py), and its bad
+input as one line."""
+import json
+import math
+
+import numpy as np
+
+from sagips.analysis import stats
+from sagips.closure import main
+from tests.test_uncertainty import proxy1d, series, write_run
+
+EVENTS = 1_000_000  #: (bounds of ~1 % of the parameters: shifts of a few bounds keep them alike)
+
+
+def job(path, truth, shift, events=EVENTS):
+    """Four members 1e-5 apart (so sigma is the data's floor, sqrt(1 + 1/4) bounds at subset_fraction 0.5) around
+    truth + shift."""
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 1e-5
+    for m in range(4):
+        write_run(path / f"member{m:03d}", "ensemble", series(np.asarray(truth) + shift, offsets[m:m + 1]), member=m,
+                  events=events)
+    return path
+
+
+def test_the_non_closure_of_jobs_at_known_offsets(tmp_path, capsys):
+    env, cfg = proxy1d()
+    truth = np.asarray(cfg.true_params)
+    b0 = stats.cramer_rao(env.fisher(truth), EVENTS)
+    shifts = [3.0 * b0, -2.0 * b0, np.zeros(6)]  # (3 bounds off, 2 below, on the truth)
+    dirs = [str(job(tmp_path / f"k{k}", truth, sh)) for k, sh in enumerate(shifts)]
+    assert main([*dirs, "--noise-samples", "4", "--final-noise-samples", "4", "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    c = json.loads((tmp_path / "c.json").read_text())
+    # by hand: each job's bound at its own p^, sigma = the floor, so (p^ - t)^2/b^2 - 1.25 per parameter
+    terms = []
+    for sh in shifts:
+        b = stats.cramer_rao(env.fisher(truth + sh), EVENTS)
+        terms.append((sh / b) ** 2 - 1.25)
+    terms = np.array(terms)
+    np.testing.assert_allclose([p["nonclosure_sq"] for p in c["parameters"]], terms.mean(axis=0), rtol=1e-4, atol=1e-6)
+    assert math.isclose(c["nonclosure_sq"], terms.mean(), rel_tol=1e-4) and terms.mean() > 2.5
+    assert math.isclose(c["nonclosure_sq_error"], terms.mean(axis=1).std(ddof=1) / math.sqrt(3), rel_tol=1e-4)
+    # the pulls: about 3/sqrt(1.25) = 2.7 and 1.8 off, and 0: +-1 sigma covers 1 of 3
+    assert all(abs(p["cover1"] - 1 / 3) < 1e-9 for p in c["parameters"])
+    s = math.sqrt(terms.mean())
+    assert math.isclose(c["nonclosure"], s, rel_tol=1e-4)
+    assert f"set `analysis.nonclosure: {s:.2g}`" in out and "3 data set(s): s² is uncertain" in out
+    # jobs on the truth: sigma covers the error, no non-closure
+    assert main([dirs[2], dirs[2], "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
+    assert "σ covers the error: no non-closure is needed" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    env, cfg = proxy1d()
+    truth = np.asarray(cfg.true_params)
+    no_bound = job(tmp_path / "nobound", truth, np.zeros(6), events=None)  # (run.json without the data's size)
+    assert main([str(no_bound), "--noise-samples", "4", "--final-noise-samples", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Cramér-Rao bound is not known" in err
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    path = job(tmp_path / "notruth", truth, np.zeros(6))  # data that name no truth
+    for m in range(4):
+        rj = path / f"member{m:03d}" / "run.json"
+        rj.write_text(json.dumps(dict(json.loads(rj.read_text()), truth_known=False)))
+    assert main([str(path), "--noise-samples", "4", "--final-noise-samples", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no truth" in err
