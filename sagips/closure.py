@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int) -> dict[str, Any]:
     """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P))."""
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
-    names = None
+    names, unsettled = None, []
     for d in job_dirs:
         g, _, u, conv = job_uncertainty([d], noise_samples, final_noise_samples, nonclosure=0.0)
         if any(r.info.get("truth_known") is False for r in g.runs):
@@ -64,10 +64,12 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int) 
         if names is not None and these != names:
             raise AnalysisError(f"{d}: parameters {these} differ from the first job's {names}")
         names = these
+        if any(c["moving"] is not False for c in conv):  # still moving, or not judged: the training is unfinished
+            unsettled.append(str(d))
         for key, v in (("p_hat", u.p_hat), ("sigma", u.sigma), ("dof", u.dof), ("bound", u.cramer_rao),
                        ("truth", g.truth)):
             rows[key].append(np.asarray(v, dtype=np.float64))
-    return {"names": names, **{k: np.stack(v) for k, v in rows.items()}}
+    return {"names": names, "unsettled": unsettled, **{k: np.stack(v) for k, v in rows.items()}}
 
 
 def closure(f: dict[str, Any]) -> dict[str, Any]:
@@ -89,8 +91,11 @@ def closure(f: dict[str, Any]) -> dict[str, Any]:
                "nonclosure_sq": float(terms[:, i].mean()), "cover1_with_nonclosure": float(np.mean(
                    np.abs(with_s[:, i]) <= 1))}
               for i, name in enumerate(f["names"])]
+    # a non-closure is a systematic of a finished fit: not a cover for one that has not reached the data's floor
+    far = s > stats.FAR_FROM_FLOOR
     return {"data_sets": n, "parameters": params, "nonclosure_sq": s2, "nonclosure_sq_error": s2_err,
-            "nonclosure": s}
+            "nonclosure": s, "unsettled": f["unsettled"], "far": far,
+            "recommended": s if s > 0 and not far and not f["unsettled"] else None}
 
 
 def report(c: dict[str, Any]) -> list[str]:
@@ -107,10 +112,19 @@ def report(c: dict[str, Any]) -> list[str]:
     pm = "(its error unknown from one data set)" if e is None else f"± {e:.2f}"
     lines += ["", f"- non-closure: s² = {s2:+.2f} {pm} bounds² over all parameters (the mean over the data sets "
                   "of ((p̂ − p_true)² − σ²)/bound²; a unit Gaussian pull gives 0)"]
-    if s2 > 0:
-        lines.append(f"- σ falls short of the error: set `analysis.nonclosure: {c['nonclosure']:.2g}` in the preset (or "
-                     f"`python -m sagips.analyze ... --nonclosure {c['nonclosure']:.2g}`); it is then part of σ, named")
-    else:
+    if c["unsettled"]:
+        lines.append(f"- {len(c['unsettled'])} of {n} job(s) have parameters still moving or not judged by analyze's "
+                     f"convergence diagnostic ({', '.join(c['unsettled'][:3])}{', ...' if len(c['unsettled']) > 3 else ''}"
+                     "): train longer before calibrating σ; s² now holds the unfinished training")
+    if c["far"]:
+        lines.append(f"- the fits end {c['nonclosure']:.0f} bounds from the truth, beyond {stats.FAR_FROM_FLOOR:.0f}: "
+                     "they have not reached the data's floor, which a non-closure would only hide; train longer, or "
+                     "check the setup (the truth of the data, the preset)")
+    if c["recommended"] is not None:
+        lines.append(f"- σ falls short of the error: set `analysis.nonclosure: {c['recommended']:.2g}` in the preset "
+                     f"(or `python -m sagips.analyze ... --nonclosure {c['recommended']:.2g}`); it is then part of σ, "
+                     "named")
+    elif s2 <= 0:
         lines.append("- σ covers the error: no non-closure is needed")
     if n < FEW or e is None or (s2 > 0 and e > s2):
         lines.append(f"- {n} data set(s): s² is uncertain" + ("" if e is None else f" by ±{e:.2f}")

@@ -68,3 +68,24 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert main([str(path), "--noise-samples", "4", "--final-noise-samples", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no truth" in err
+
+
+def test_no_non_closure_is_advised_for_fits_far_off_or_still_moving(tmp_path, capsys):
+    """A non-closure is a systematic of a finished fit: jobs 8 bounds off the truth get advice to train longer, not a
+    value to set; so do jobs whose parameters still move (analyze's diagnostic)."""
+    env, cfg = proxy1d()
+    truth = np.asarray(cfg.true_params)
+    b0 = stats.cramer_rao(env.fisher(truth), EVENTS)
+    far = [str(job(tmp_path / f"far{k}", truth, sign * 8.0 * b0)) for k, sign in enumerate((1, -1))]
+    assert main([*far, "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "have not reached the data's floor" in out and "set `analysis.nonclosure" not in out
+    moving = tmp_path / "moving"  # 0.01 bounds an epoch: 2 over the last 20 % of the epochs, at the truth at the end
+    offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 1e-5
+    for m in range(4):
+        write_run(moving / f"member{m:03d}", "ensemble", series(truth - 0.01 * b0 * 1000, offsets[m:m + 1],
+                                                                 slope=0.01 * b0), member=m, events=EVENTS)
+    assert main([str(moving), far[0], "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 2 job(s) have parameters still moving or not judged" in out and str(moving) in out
+    assert "set `analysis.nonclosure" not in out
