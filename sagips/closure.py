@@ -47,11 +47,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int) -> dict[str, Any]:
-    """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P))."""
+def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, say=lambda m: None) -> dict[str, Any]:
+    """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P));
+    `say` gets a line per job (progress)."""
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
     names, unsettled = None, []
-    for d in job_dirs:
+    for k, d in enumerate(job_dirs):
+        say(f"{PROG}: job {k + 1} of {len(job_dirs)}: {d}")
         g, _, u, conv = job_uncertainty([d], noise_samples, final_noise_samples, nonclosure=0.0)
         if any(r.info.get("truth_known") is False for r in g.runs):
             raise AnalysisError(f"{d}: its data name no truth; a closure test needs data made at a known truth "
@@ -139,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.noise_samples < 1 or args.final_noise_samples < 2:
             raise AnalysisError("--noise-samples must be at least 1 and --final-noise-samples at least 2")
-        c = closure(fits(args.job_dirs, args.noise_samples, args.final_noise_samples))
+        c = closure(fits(args.job_dirs, args.noise_samples, args.final_noise_samples,
+                         say=lambda m: print(m, file=sys.stderr, flush=True)))
     except AnalysisError as e:
         print(f"{PROG}: error: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         return 2
