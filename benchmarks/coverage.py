@@ -71,7 +71,7 @@ from benchmarks import jobs  # noqa: E402
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
 from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof, nonclosure_part,  # noqa: E402
-                                   nonclosure_terms,
+                                   nonclosure_factors, nonclosure_terms, nonclosure_text,
                                    half_sampled, interval_factor, seen_fraction, split_scatter, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
@@ -276,19 +276,20 @@ def _preset_settings(config: str | None) -> dict | None:
         return None
 
 
-def nonclosure_of(r: dict) -> float:
+def nonclosure_of(r: dict) -> float | dict[str, float]:
     """The non-closure (a number of Cramér-Rao bounds, analysis.nonclosure) that analyze applies to a record's sigma
     now: the one its runs carried, or, for a record from before the option that ran a case's current preset (its
     digest, where recorded, the preset's today; not a superseded profile) at today's defaults, the preset's current
-    analysis.nonclosure (so that records read as analyze reads new runs); else 0."""
+    analysis.nonclosure (so that records read as analyze reads new runs); else 0. A number for every parameter, or a
+    mapping of names to numbers."""
     if r["gan"].get("nonclosure") is not None:
-        return float(r["gan"]["nonclosure"])
+        return r["gan"]["nonclosure"]
     prof = r["profile"]
     cfg = prof.get("config")
     if not cfg or r.get("superseded") or not at_defaults(r["case"], prof) or (
             r.get("preset") and r["preset"] != preset_digest(cfg)):
         return 0.0
-    return float(((preset_settings(cfg) or {}).get("analysis") or {}).get("nonclosure") or 0.0)
+    return ((preset_settings(cfg) or {}).get("analysis") or {}).get("nonclosure") or 0.0
 
 
 def stale_preset(rs: list[dict], digest: str | None) -> dict | None:
@@ -432,7 +433,8 @@ def stats_of(recs: list[dict]) -> list[dict]:
             row["ml_pull_width"] = float(np.std((mp - t) / ms, ddof=1)) if len(recs) > 1 else None
             row["typical"] = at_typical_data(t, p, s, mp, ms, np.array(dof))
             row["nonclosure_sq"] = nonclosure_sq(recs, i)
-        row["nonclosure"] = sorted({nonclosure_of(r) for r in recs})  # (one value, unless records differ)
+        # (one value, unless records differ; as JSON, so that a mapping compares too)
+        row["nonclosure"] = sorted({json.dumps(nonclosure_of(r), sort_keys=True) for r in recs})
         out.append(row)
     return out
 
@@ -463,11 +465,12 @@ def nonclosure_line(rows: list[dict]) -> str | None:
         return None
     def root(x): return f"{math.sqrt(x):.2f}" if x > 0 else f"0 ({x:+.2f} in its square)"
     applied = rows[0]["nonclosure"]
+    def shown(v): return nonclosure_text(json.loads(v))
     return ("Non-closure measured here (the GAN's error beyond σ without one, in Cramér-Rao bounds: "
             "√mean((p̂ − p_ML)² + σ_ML² − σ²)/bound): " + ", ".join(f"{r['name']} {root(x)}" for r, x in zip(rows, sq))
             + f"; over all parameters {root(float(np.mean(sq)))}. Applied to σ above: "
-            + (f"{applied[0]:.3g} bounds (analysis.nonclosure)" if len(applied) == 1 else
-               "varies by record (" + ", ".join(f"{v:.3g}" for v in applied) + " bounds)") + ".")
+            + (f"{shown(applied[0])} bounds (analysis.nonclosure)" if len(applied) == 1 else
+               "varies by record (" + "; ".join(map(shown, applied)) + " bounds)") + ".")
 
 
 def typical_cell(typ: dict | None) -> str:
@@ -602,12 +605,13 @@ def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
     return rows
 
 
-def sigma_now(r: dict, i: int, nonclosure: float | None = None) -> float:
+def sigma_now(r: dict, i: int, nonclosure: float | dict[str, float] | None = None) -> float:
     """sigma of parameter i of a record under analyze's current rule (`parts_now`)."""
     return parts_now(r, i, nonclosure)[0]
 
 
-def parts_now(r: dict, i: int, nonclosure: float | None = None) -> tuple[float, float, bool, float]:
+def parts_now(r: dict, i: int, nonclosure: float | dict[str, float] | None = None
+              ) -> tuple[float, float, bool, float]:
     """(sigma, its spread part, floored, the spread's part sampled from the members) of parameter i of a record under
     analyze's current rule (sagips.analysis.stats: the record's Cramér-Rao bound, where it has one, splits the
     members' scatter or floors it; the drift where the parameter still moves; the non-closure, `nonclosure_of` or
@@ -641,8 +645,9 @@ def parts_now(r: dict, i: int, nonclosure: float | None = None) -> tuple[float, 
                                          data_floor(np.array([bound]), seen, 1, True), False)[0][0])
     else:
         return g["sigma"][i] or math.nan, math.nan, False, math.nan
-    nc = nonclosure_part(nonclosure_of(r) if nonclosure is None else nonclosure, None if bound is None
-                         else np.array([bound]))
+    f = nonclosure_factors(nonclosure_of(r) if nonclosure is None else nonclosure, r.get("names"),
+                           len(g["p_hat"] if "p_hat" in g else g["drift"]))[i]  # (this parameter's, in bounds)
+    nc = nonclosure_part(float(f), None if bound is None else np.array([bound]))
     sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members",
                           nc)[0]
     if sampled is None:  # (a floor that replaced the members' part is known, not sampled)

@@ -64,14 +64,22 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _non_negative(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not (v >= 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return v
+def _nonclosure(text: str) -> float | dict[str, float]:
+    """--nonclosure S (every parameter) or NAME=S,NAME=S (those named; the others 0)."""
+    def number(t: str) -> float:
+        try:
+            v = float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected S or NAME=S,NAME=S with numbers S >= 0, got {text!r}") from None
+        if not (v >= 0 and math.isfinite(v)):
+            raise argparse.ArgumentTypeError(f"expected S or NAME=S,NAME=S with numbers S >= 0, got {text!r}")
+        return v
+    if "=" not in text:
+        return number(text)
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    if any(len(p) != 2 or not p[0].strip() for p in pairs):
+        raise argparse.ArgumentTypeError(f"expected S or NAME=S,NAME=S with numbers S >= 0, got {text!r}")
+    return {k.strip(): number(v) for k, v in pairs}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -98,10 +106,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="random sub-ensembles per size M for the RMSE-vs-spread figure (default 300)")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed of the shared noise batch and of the resampling (default 0)")
-    p.add_argument("--nonclosure", type=_non_negative, default=None, metavar="S",
-                   help="a systematic of the training, S times the data's Cramér-Rao bound, added to every σ in "
-                        "quadrature (default: the runs' analysis.nonclosure, itself 0 unless a preset measured it; "
-                        "docs/analysis.md)")
+    p.add_argument("--nonclosure", type=_nonclosure, default=None, metavar="S|NAME=S,...",
+                   help="a systematic of the training, S times the data's Cramér-Rao bound, added to σ in quadrature, "
+                        "for every parameter or per name (tau=0,resolution=2.5) (default: the runs' "
+                        "analysis.nonclosure, itself 0 unless a preset measured it; python -m sagips.closure measures "
+                        "it; docs/analysis.md)")
     p.add_argument("--verbose", "-v", action="store_true", help="progress messages on stderr")
     return p.parse_args(argv)
 

@@ -11,9 +11,11 @@
 For every job it computes what `sagips.analyze` quotes, p^ +- sigma, without any non-closure, and against the truth
 in run.json it reports per parameter the pulls (p^ - p_true)/sigma, how often +-1 sigma and analyze's 68.3 %
 interval cover the truth, and the **non-closure** s (in units of the data's Cramér-Rao bound): s^2 = mean((p^ -
-p_true)^2 - sigma^2)/bound^2 over the data sets (stats.nonclosure_terms), with its error. Where s^2 > 0 the GAN's
-error exceeds sigma: set `analysis.nonclosure: s` in the preset (or `sagips.analyze --nonclosure s`), and sigma
-includes it, named (docs/analysis.md, "A systematic of the training"). benchmarks/coverage.py does the same for the
+p_true)^2 - sigma^2)/bound^2 over the data sets (stats.nonclosure_terms), with its error. Jobs whose parameters still
+move are left out (and named). Where s^2 > 0 the GAN's error exceeds sigma: it advises `analysis.nonclosure` (one
+number, or one per parameter name) for the preset, sagips.run's --set or `sagips.analyze --nonclosure`, and sigma
+then includes it, named (docs/analysis.md, "A systematic of the training"). No value is advised for fits more than
+5 bounds from the truth: they have not reached the data. benchmarks/coverage.py does the same for the
 project's own cases, with a maximum-likelihood fit on every data set. Exit status 2: bad input, one line.
 """
 from __future__ import annotations
@@ -51,7 +53,7 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
     """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P));
     `say` gets a line per job (progress)."""
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
-    names, unsettled = None, []
+    names, unsettled, dirs = None, [], [str(d) for d in job_dirs]
     for k, d in enumerate(job_dirs):
         say(f"{PROG}: job {k + 1} of {len(job_dirs)}: {d}")
         g, _, u, conv = job_uncertainty([d], noise_samples, final_noise_samples, nonclosure=0.0)
@@ -71,66 +73,81 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
         for key, v in (("p_hat", u.p_hat), ("sigma", u.sigma), ("dof", u.dof), ("bound", u.cramer_rao),
                        ("truth", g.truth)):
             rows[key].append(np.asarray(v, dtype=np.float64))
-    return {"names": names, "unsettled": unsettled, **{k: np.stack(v) for k, v in rows.items()}}
+    return {"names": names, "unsettled": unsettled, "dirs": dirs, **{k: np.stack(v) for k, v in rows.items()}}
 
 
 def closure(f: dict[str, Any]) -> dict[str, Any]:
-    """The pulls, the coverage and the non-closure of the fits `f` (`fits`)."""
-    err = f["p_hat"] - f["truth"]
-    pull = err / f["sigma"]
-    k68 = np.vectorize(lambda d: stats.interval_factor(stats.P68, d))(f["dof"])
-    terms = stats.nonclosure_terms(err ** 2, f["sigma"], f["bound"])  # (K, P)
+    """The pulls, the coverage and the non-closure of the fits `f` (`fits`), per parameter, over the jobs whose
+    parameters have settled (analyze's convergence diagnostic); jobs still moving are left out and named (all of
+    them, where none has settled: then no value is advised)."""
+    keep = np.array([d not in f["unsettled"] for d in f["dirs"]])
+    use = keep if keep.any() else np.ones_like(keep)
+    err = (f["p_hat"] - f["truth"])[use]
+    sigma, bound = f["sigma"][use], f["bound"][use]
+    pull = err / sigma
+    k68 = np.vectorize(lambda d: stats.interval_factor(stats.P68, d))(f["dof"][use])
+    terms = stats.nonclosure_terms(err ** 2, sigma, bound)  # (K, P)
     n = len(err)
-    per_set = terms.mean(axis=1)  # (the parameters of one data set share its draw: the data set is the unit)
-    s2 = float(per_set.mean())
-    s2_err = float(per_set.std(ddof=1) / math.sqrt(n)) if n > 1 else None  # (one data set: unknown)
-    s = math.sqrt(s2) if s2 > 0 else 0.0
-    with_s = err / np.sqrt(f["sigma"] ** 2 + (s * f["bound"]) ** 2)
+    s2 = terms.mean(axis=0)  # per parameter: parameters differ (a weak one may need it, a strong one not)
+    s2_err = terms.std(axis=0, ddof=1) / math.sqrt(n) if n > 1 else np.full(s2.shape, np.nan)
+    s = np.sqrt(np.maximum(s2, 0.0))
+    with_s = err / np.sqrt(sigma ** 2 + (s * bound) ** 2)
     params = [{"name": name, "pull_mean": float(pull[:, i].mean()),
                "pull_std": float(pull[:, i].std(ddof=1)) if n > 1 else None,
-               "cover1": float(np.mean(np.abs(pull[:, i]) <= 1)), "cover68": float(np.mean(np.abs(pull[:, i])
-                                                                                          <= k68[:, i])),
-               "nonclosure_sq": float(terms[:, i].mean()), "cover1_with_nonclosure": float(np.mean(
-                   np.abs(with_s[:, i]) <= 1))}
+               "cover1": float(np.mean(np.abs(pull[:, i]) <= 1)),
+               "cover68": float(np.mean(np.abs(pull[:, i]) <= k68[:, i])),
+               "nonclosure_sq": float(s2[i]), "nonclosure_sq_error": None if n < 2 else float(s2_err[i]),
+               "nonclosure": float(s[i]), "cover1_with_nonclosure": float(np.mean(np.abs(with_s[:, i]) <= 1))}
               for i, name in enumerate(f["names"])]
     # a non-closure is a systematic of a finished fit: not a cover for one that has not reached the data's floor
-    far = s > stats.FAR_FROM_FLOOR
-    return {"data_sets": n, "parameters": params, "nonclosure_sq": s2, "nonclosure_sq_error": s2_err,
-            "nonclosure": s, "unsettled": f["unsettled"], "far": far,
-            "recommended": s if s > 0 and not far and not f["unsettled"] else None}
+    far = [p["name"] for p in params if p["nonclosure"] > stats.FAR_FROM_FLOOR]
+    advise = keep.any() and not far and bool(s.any())
+    return {"data_sets": n, "left_out": list(f["unsettled"]), "settled": bool(keep.any()), "parameters": params,
+            "far": far, "recommended": {p["name"]: round(p["nonclosure"], 2) for p in params} if advise else None}
+
+
+def advice(rec: dict[str, float]) -> str:
+    """How to set a recommended non-closure: one number where the parameters agree to 10 %, else per name."""
+    vals = list(rec.values())
+    if min(vals) > 0 and max(vals) <= 1.1 * min(vals):
+        one = f"{max(vals):.2g}"
+        return (f"`analysis.nonclosure: {one}` in the preset (or `--set analysis.nonclosure={one}` on sagips.run, "
+                f"or `python -m sagips.analyze RUN_DIR --out DIR --nonclosure {one}`)")
+    named = {k: v for k, v in rec.items() if v > 0}
+    yaml = "{" + ", ".join(f"{k}: {v:.2g}" for k, v in named.items()) + "}"
+    arg = ",".join(f"{k}={v:.2g}" for k, v in named.items())
+    return (f"`analysis.nonclosure: {yaml}` in the preset (or `--set 'analysis.nonclosure={yaml}'` on sagips.run, "
+            f"or `python -m sagips.analyze RUN_DIR --out DIR --nonclosure {arg}`); the parameters left out get none")
 
 
 def report(c: dict[str, Any]) -> list[str]:
     n = c["data_sets"]
     lines = [f"## Closure over {n} data set(s) of known truth (σ without a non-closure)", "",
-             "| parameter | pull mean | pull std | ±1σ | ±k68σ (analyze's 68.3 %) | s² (bounds²) | ±1σ with s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| parameter | pull mean | pull std | ±1σ | ±k68σ (analyze's 68.3 %) | s² (bounds²) | s | ±1σ with s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for p in c["parameters"]:
         std = "n/a" if p["pull_std"] is None else f"{p['pull_std']:.2f}"
+        err = "" if p["nonclosure_sq_error"] is None else f" ± {p['nonclosure_sq_error']:.2f}"
         lines.append(f"| {p['name']} | {p['pull_mean']:+.2f} | {std} | {100 * p['cover1']:.0f} % | "
-                     f"{100 * p['cover68']:.0f} % | {p['nonclosure_sq']:+.2f} | "
+                     f"{100 * p['cover68']:.0f} % | {p['nonclosure_sq']:+.2f}{err} | {p['nonclosure']:.2f} | "
                      f"{100 * p['cover1_with_nonclosure']:.0f} % |")
-    s2, e = c["nonclosure_sq"], c["nonclosure_sq_error"]
-    pm = "(its error unknown from one data set)" if e is None else f"± {e:.2f}"
-    lines += ["", f"- non-closure: s² = {s2:+.2f} {pm} bounds² over all parameters (the mean over the data sets "
-                  "of ((p̂ − p_true)² − σ²)/bound²; a unit Gaussian pull gives 0)"]
-    if c["unsettled"]:
-        lines.append(f"- {len(c['unsettled'])} of {n} job(s) have parameters still moving or not judged by analyze's "
-                     f"convergence diagnostic ({', '.join(c['unsettled'][:3])}{', ...' if len(c['unsettled']) > 3 else ''}"
-                     "): train longer before calibrating σ; s² now holds the unfinished training")
+    lines += ["", "- s² = the mean over the data sets of ((p̂ − p_true)² − σ²)/bound² (0 for an honest σ; negative: σ "
+                  "covers more than the error); s = √s² is the non-closure, in Cramér-Rao bounds"]
+    if c["left_out"]:
+        left = c["left_out"]
+        lines.append(f"- {len(left)} job(s) have parameters still moving or not judged by analyze's convergence "
+                     f"diagnostic, " + ("left out above" if c["settled"] else "all of them (none is left out)")
+                     + f": {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}; train them longer")
     if c["far"]:
-        lines.append(f"- the fits end {c['nonclosure']:.0f} bounds from the truth, beyond {stats.FAR_FROM_FLOOR:.0f}: "
-                     "they have not reached the data's floor, which a non-closure would only hide; train longer, or "
-                     "check the setup (the truth of the data, the preset)")
+        lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
+                     "truth: they have not reached the data's floor, which a non-closure would only hide; train longer, "
+                     "or check the setup (the truth of the data, the preset)")
     if c["recommended"] is not None:
-        lines.append(f"- σ falls short of the error: set `analysis.nonclosure: {c['recommended']:.2g}` in the preset "
-                     f"(or `python -m sagips.analyze ... --nonclosure {c['recommended']:.2g}`); it is then part of σ, "
-                     "named")
-    elif s2 <= 0:
+        lines.append("- σ falls short of the error: set " + advice(c["recommended"]) + "; it is then part of σ, named")
+    elif c["settled"] and not c["far"]:
         lines.append("- σ covers the error: no non-closure is needed")
-    if n < FEW or e is None or (s2 > 0 and e > s2):
-        lines.append(f"- {n} data set(s): s² is uncertain" + ("" if e is None else f" by ±{e:.2f}")
-                     + "; more data sets (20 or more) measure it")
+    if n < FEW:
+        lines.append(f"- {n} data set(s): s² is uncertain (its ± above); 20 or more measure it")
     lines.append("- pulls from M members follow Student's t (std 1.73 at M = 4 for an exact σ): judge ±k68σ, "
                  "which should cover 68 %, and s², rather than the pulls' std")
     return lines

@@ -154,11 +154,12 @@ class EnsembleConfig:
 class AnalysisConfig:
     """How sagips.analyze turns the members into p-hat +- sigma (docs/analysis.md)."""
 
-    nonclosure: float = opt(0.0, "a systematic error of the GAN, in units of the data's Cramer-Rao bound, added in "
-                            "quadrature to every parameter's sigma and named in the output: the training bias that a "
-                            "calibration on data sets of known truth measured beyond sigma (benchmarks/coverage.py "
-                            "prints it as 'non-closure'); 0: none. Needs the bound (density and simulator "
-                            "environments)", min=0.0)
+    nonclosure: float | dict[str, float] = opt(
+        0.0, "a systematic error of the GAN, in units of the data's Cramer-Rao bound, added in quadrature to sigma and "
+        "named in the output: the training bias that a calibration on data sets of known truth measured beyond sigma "
+        "(python -m sagips.closure, benchmarks/coverage.py); one number for every parameter, or a mapping of "
+        "parameter names to numbers ({tau: 0, resolution: 2.5}; a parameter left out: 0); 0: none. Needs the bound "
+        "(density and simulator environments)", min=0.0)
 
 
 @dataclass
@@ -198,6 +199,8 @@ class Config:
 def _type_name(tp: Any) -> str:
     if get_origin(tp) is Literal:  # the named values: 'auto'
         return " or ".join(repr(v) for v in get_args(tp))
+    if get_origin(tp) is dict:
+        return "a mapping of names to numbers"
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
     return names.get(tp) or getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -222,6 +225,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if value not in get_args(tp):
             raise ConfigError(f"{key}: must be one of {list(get_args(tp))}, got {value!r}")
         return value
+    if origin is dict:  # a mapping of names to values (analysis.nonclosure per parameter)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        _, item_tp = get_args(tp) or (str, Any)
+        return {str(k): _coerce(f"{key}.{k}", v, item_tp) for k, v in value.items()}
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -265,7 +273,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
 def _check_range(key: str, value: Any, meta: dict) -> None:
     if value is None:
         return
-    vals = value if isinstance(value, list) else [value]
+    vals = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
     for v in vals:
         if "choices" in meta and v not in meta["choices"]:
             raise ConfigError(f"{key}: must be one of {list(meta['choices'])}, got {v!r}")

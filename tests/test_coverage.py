@@ -488,8 +488,11 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
     line = coverage.nonclosure_line(coverage.stats_of(recs))
     assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.09 bounds" in line
     recs[0]["gan"]["nonclosure"] = 0.0  # records made with two values: the line says so, never their mean
-    assert "Applied to σ above: varies by record (0, 1.09 bounds)." in coverage.nonclosure_line(
+    assert "Applied to σ above: varies by record (0; 1.09 bounds)." in coverage.nonclosure_line(
         coverage.stats_of(recs))
+    recs[0]["gan"]["nonclosure"] = {"b": 0.5}  # per parameter: b's sigma gains it, a's not
+    assert coverage.sigma_now(recs[0], 0) == pytest.approx(math.sqrt(1.25) * b[0], rel=1e-12)
+    assert coverage.sigma_now(recs[0], 1) == pytest.approx(math.sqrt(1.25 + 0.25) * b[1], rel=1e-12)
     # which non-closure a real record gets
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
     preset = json.loads((folder / "proxy1d-054f4872d7b7-000.json").read_text())  # (from before the option)

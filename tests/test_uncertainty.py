@@ -589,6 +589,14 @@ def test_the_nonclosure_adds_a_known_systematic_in_quadrature():
         "σ includes a systematic of the training (non-closure) of 0.7 × the data's Cramér-Rao bound "
         "(analysis.nonclosure; a calibration on data of known truth measures it: docs/analysis.md)"]
     assert not base.nonclosure.any() and not any("non-closure" in n for n in base.notes)
+    # per parameter: a mapping of names (those left out: 0); a name that is not a parameter is one line
+    one = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound,
+                            nonclosure={"y": 0.7}, names=["x", "y"])
+    np.testing.assert_allclose(one.sigma, [base.sigma[0], u.sigma[1]], rtol=1e-12)
+    assert any("non-closure) of y 0.7 × the data's" in n for n in one.notes)
+    with pytest.raises(ValueError, match="names 'z', which is not a parameter here"):
+        stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound, nonclosure={"z": 1},
+                          names=["x", "y"])
     plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, nonclosure=0.7)
     np.testing.assert_allclose(plain.sigma, stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5,
                                                               True).sigma, rtol=1e-12)
@@ -614,6 +622,10 @@ def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsy
     more = analyze_four_members(tmp_path / "more", truth, 2e-4, 10_000, args=["--nonclosure", "1.5"])
     np.testing.assert_allclose(more["sigma"], np.sqrt(np.asarray(base["sigma"]) ** 2 + (1.5 * bound) ** 2), rtol=1e-9)
     assert any("1.5 × the data's Cramér-Rao bound (--nonclosure;" in n for n in more["notes"])
+    named = analyze_four_members(tmp_path / "named", truth, 2e-4, 10_000, args=["--nonclosure", "r_2=1.5"])
+    expect = np.asarray(base["sigma"], dtype=float).copy()
+    expect[2] = math.hypot(expect[2], 1.5 * bound[2])
+    np.testing.assert_allclose(named["sigma"], expect, rtol=1e-9)
     offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 2e-4
     for m, nc in enumerate([0.7, 0.7, 0.5, None]):
         write_run(tmp_path / "mixed" / f"member{m:03d}", "ensemble", series(truth, offsets[m:m + 1]), member=m,

@@ -481,9 +481,13 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         sizes = {(r.info.get("reference_data") or {}).get("events") for r in g.runs}
         n_events = sizes.pop() if len(sizes) == 1 and len(set(map(data_identity, g.runs))) == 1 else None
         bound = None if n_events is None else stats.cramer_rao(final.fisher, int(n_events))
-    u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound,
-                          nonclosure=runs_nonclosure(g.runs) if nonclosure is None else nonclosure,
-                          nonclosure_from="the runs' analysis.nonclosure" if nonclosure is None else "--nonclosure")
+    try:
+        u = stats.uncertainty(values, ranks, n_ranks, moved, f, shared, sampling, bound=bound,
+                              nonclosure=runs_nonclosure(g.runs) if nonclosure is None else nonclosure,
+                              nonclosure_from="the runs' analysis.nonclosure" if nonclosure is None
+                              else "--nonclosure", names=names)
+    except ValueError as e:  # a non-closure that names a parameter this environment does not have
+        raise AnalysisError(str(e)) from None
     u.notes.extend(notes)
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
@@ -515,14 +519,16 @@ def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, f
     return g, final, u, conv
 
 
-def runs_nonclosure(runs: Sequence[Run]) -> float:
-    """The runs' analysis.nonclosure (0 for runs from before the option); one value, or AnalysisError."""
-    values = {float(((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure") or 0.0) for r in runs}
+def runs_nonclosure(runs: Sequence[Run]) -> float | dict[str, float]:
+    """The runs' analysis.nonclosure (a number, or a mapping of parameter names to numbers; 0 for runs from before
+    the option); one value, or AnalysisError."""
+    values = {json.dumps(((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure") or 0.0,
+                         sort_keys=True) for r in runs}
     if len(values) > 1:
-        raise AnalysisError(f"the runs of one ensemble were made with different analysis.nonclosure "
-                            f"({', '.join(f'{v:g}' for v in sorted(values))}): give the one to apply with "
-                            "--nonclosure")
-    return values.pop() if values else 0.0
+        shown = ", ".join(stats.nonclosure_text(json.loads(v)) for v in sorted(values))
+        raise AnalysisError(f"the runs of one ensemble were made with different analysis.nonclosure ({shown}): "
+                            "give the one to apply with --nonclosure")
+    return json.loads(values.pop()) if values else 0.0
 
 
 def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,

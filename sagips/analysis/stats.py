@@ -13,7 +13,7 @@ Shapes used throughout:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,8 +324,8 @@ NO_STATISTICS = "sigma holds their training noise but no statistical error of th
 
 def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int, moved: np.ndarray,
                 seen: float | None, shared_data: bool, sampling: np.ndarray | None = None,
-                bound: np.ndarray | None = None, nonclosure: float = 0.0,
-                nonclosure_from: str = "analysis.nonclosure") -> Uncertainty:
+                bound: np.ndarray | None = None, nonclosure: float | Mapping[str, float] = 0.0,
+                nonclosure_from: str = "analysis.nonclosure", names: Sequence[str] | None = None) -> Uncertainty:
     """p^ +- sigma from the members' predictions (M, P) at the last checkpoint, the pooled rank spread (P,) of runs
     of `n_ranks` ranks, the drift `moved` (P,) of p^ (see `drift`), the Monte-Carlo error `sampling` (P,) of the
     noise average (see `noise_sampling_error`; None: 0) and the data set's Cramér-Rao bound `bound` (P,) (density
@@ -368,12 +368,15 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
-    nc = nonclosure_part(nonclosure, bound)
-    if nonclosure and nc is None:
-        notes.append(f"the non-closure {nonclosure:g} ({nonclosure_from}) is a number of the data's Cramér-Rao bounds, "
-                     "which are not known here: not applied, so σ holds no systematic of the training")
+    nc = nonclosure_part(nonclosure, bound, names)
+    given = nonclosure_factors(nonclosure, names, len(p_hat)).any() if bound is None else nc is not None
+    if given and nc is None:
+        notes.append(f"the non-closure {nonclosure_text(nonclosure)} ({nonclosure_from}) is a number of the data's "
+                     "Cramér-Rao bounds, which are not known here: not applied, so σ holds no systematic of the "
+                     "training")
     elif nc is not None:
-        notes.append(f"σ includes a systematic of the training (non-closure) of {nonclosure:g} × the data's "
+        notes.append(f"σ includes a systematic of the training (non-closure) of {nonclosure_text(nonclosure)} × the "
+                     f"data's "
                      f"Cramér-Rao bound ({nonclosure_from}; a calibration on data of known truth measures it: "
                      "docs/analysis.md)")
     sigma, added = compose_sigma(spread, dr, mc, source == "members", nc)
@@ -434,13 +437,38 @@ def nonclosure_terms(sq_error: np.ndarray, sigma: np.ndarray, bound: np.ndarray)
             / np.asarray(bound, dtype=np.float64) ** 2)
 
 
-def nonclosure_part(nonclosure: float, bound: np.ndarray | None) -> np.ndarray | None:
+def nonclosure_factors(nonclosure: float | Mapping[str, float], names: Sequence[str] | None, n: int) -> np.ndarray:
+    """`analysis.nonclosure` as one number of bounds per parameter (n,): a number for all, or a mapping of parameter
+    names to numbers (those left out: 0; a name that is not a parameter: ValueError, one line)."""
+    if not isinstance(nonclosure, Mapping):
+        return np.full(n, float(nonclosure or 0.0))
+    names = list(names) if names is not None else [f"r_{i}" for i in range(n)]
+    unknown = [k for k in nonclosure if k not in names]
+    if unknown:
+        raise ValueError(f"analysis.nonclosure names {unknown[0]!r}, which is not a parameter here "
+                         f"({', '.join(names)})")
+    return np.array([float(nonclosure.get(k, 0.0)) for k in names])
+
+
+def nonclosure_text(nonclosure: float | Mapping[str, float]) -> str:
+    """How a note writes the non-closure: '0.7' or 'tau 0, resolution 2.5'."""
+    if isinstance(nonclosure, Mapping):
+        return ", ".join(f"{k} {float(v):.3g}" for k, v in nonclosure.items())
+    return f"{float(nonclosure):.3g}"
+
+
+def nonclosure_part(nonclosure: float | Mapping[str, float], bound: np.ndarray | None,
+                    names: Sequence[str] | None = None) -> np.ndarray | None:
     """The systematic part of sigma (P,), physical units: `analysis.nonclosure` (a number of the data's Cramér-Rao
-    bounds, measured by a calibration: benchmarks/coverage.py) times the bound; None where it is 0 or no bound is
-    known (then it cannot apply, and `uncertainty` says so)."""
-    if not nonclosure or bound is None:
+    bounds, for all parameters or per name: `nonclosure_factors`; measured by a calibration: sagips.closure,
+    benchmarks/coverage.py) times the bound; None where it is 0 or no bound is known (then it cannot apply, and
+    `uncertainty` says so)."""
+    if bound is None:
         return None
-    return float(nonclosure) * np.abs(np.asarray(bound, dtype=np.float64))
+    f = nonclosure_factors(nonclosure, names, len(bound))
+    if not f.any():
+        return None
+    return f * np.abs(np.asarray(bound, dtype=np.float64))
 
 
 def data_floor(bound: np.ndarray, seen: float | None, n_members: int, shared_data: bool) -> np.ndarray:
