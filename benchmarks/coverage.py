@@ -71,7 +71,7 @@ from benchmarks import jobs  # noqa: E402
 from tests._mpirun import child_env, mpiexec  # noqa: E402
 from tests._plugins import pythonpath, smear_site, toy_site  # noqa: E402
 from sagips.analysis.stats import (P68, P95, compose_sigma, data_floor, effective_dof, nonclosure_part,  # noqa: E402
-                                   nonclosure_factors, nonclosure_terms, nonclosure_text,
+                                   nonclosure_factors, nonclosure_normal, nonclosure_terms, nonclosure_text,
                                    half_sampled, interval_factor, seen_fraction, split_scatter, spread_with_floor)
 from sagips.analyze import _jsonable  # noqa: E402
 from sagips.io import atomic  # noqa: E402
@@ -283,13 +283,13 @@ def nonclosure_of(r: dict) -> float | dict[str, float]:
     analysis.nonclosure (so that records read as analyze reads new runs); else 0. A number for every parameter, or a
     mapping of names to numbers."""
     if r["gan"].get("nonclosure") is not None:
-        return r["gan"]["nonclosure"]
+        return nonclosure_normal(r["gan"]["nonclosure"])
     prof = r["profile"]
     cfg = prof.get("config")
     if not cfg or r.get("superseded") or not at_defaults(r["case"], prof) or (
             r.get("preset") and r["preset"] != preset_digest(cfg)):
         return 0.0
-    return ((preset_settings(cfg) or {}).get("analysis") or {}).get("nonclosure") or 0.0
+    return nonclosure_normal(((preset_settings(cfg) or {}).get("analysis") or {}).get("nonclosure"))
 
 
 def stale_preset(rs: list[dict], digest: str | None) -> dict | None:

@@ -101,21 +101,26 @@ def closure(f: dict[str, Any]) -> dict[str, Any]:
               for i, name in enumerate(f["names"])]
     # a non-closure is a systematic of a finished fit: not a cover for one that has not reached the data's floor
     far = [p["name"] for p in params if p["nonclosure"] > stats.FAR_FROM_FLOOR]
-    advise = keep.any() and not far and bool(s.any())
-    return {"data_sets": n, "left_out": list(f["unsettled"]), "settled": bool(keep.any()), "parameters": params,
-            "far": far, "recommended": {p["name"]: round(p["nonclosure"], 2) for p in params} if advise else None}
+    # advised where s^2 stands above its own error (noise alone puts about half of the parameters above 0), rounded
+    # up to 2 decimals (never below what was measured)
+    rec = {p["name"]: math.ceil(100 * p["nonclosure"]) / 100 for p in params
+           if p["nonclosure_sq_error"] is not None and p["nonclosure_sq"] > p["nonclosure_sq_error"]}
+    advise = bool(keep.any()) and not far and bool(rec)
+    return {"data_sets": n, "left_out": [d for d in f["unsettled"]] if keep.any() else [],
+            "unsettled": list(f["unsettled"]), "settled": bool(keep.any()), "parameters": params, "far": far,
+            "recommended": {p["name"]: rec.get(p["name"], 0.0) for p in params} if advise else None}
 
 
 def advice(rec: dict[str, float]) -> str:
     """How to set a recommended non-closure: one number where the parameters agree to 10 %, else per name."""
     vals = list(rec.values())
     if min(vals) > 0 and max(vals) <= 1.1 * min(vals):
-        one = f"{max(vals):.2g}"
+        one = f"{max(vals):g}"
         return (f"`analysis.nonclosure: {one}` in the preset (or `--set analysis.nonclosure={one}` on sagips.run, "
                 f"or `python -m sagips.analyze RUN_DIR --out DIR --nonclosure {one}`)")
     named = {k: v for k, v in rec.items() if v > 0}
-    yaml = "{" + ", ".join(f"{k}: {v:.2g}" for k, v in named.items()) + "}"
-    arg = ",".join(f"{k}={v:.2g}" for k, v in named.items())
+    yaml = "{" + ", ".join(f"{k}: {v:g}" for k, v in named.items()) + "}"
+    arg = ",".join(f"{k}={v:g}" for k, v in named.items())
     return (f"`analysis.nonclosure: {yaml}` in the preset (or `--set 'analysis.nonclosure={yaml}'` on sagips.run, "
             f"or `python -m sagips.analyze RUN_DIR --out DIR --nonclosure {arg}`); the parameters left out get none")
 
@@ -133,21 +138,24 @@ def report(c: dict[str, Any]) -> list[str]:
                      f"{100 * p['cover1_with_nonclosure']:.0f} % |")
     lines += ["", "- s² = the mean over the data sets of ((p̂ − p_true)² − σ²)/bound² (0 for an honest σ; negative: σ "
                   "covers more than the error); s = √s² is the non-closure, in Cramér-Rao bounds"]
-    if c["left_out"]:
-        left = c["left_out"]
+    if c["unsettled"]:
+        left = c["unsettled"]
         lines.append(f"- {len(left)} job(s) have parameters still moving or not judged by analyze's convergence "
-                     f"diagnostic, " + ("left out above" if c["settled"] else "all of them (none is left out)")
-                     + f": {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}; train them longer")
+                     f"diagnostic, " + ("left out above" if c["settled"] else "every job: shown above, no value "
+                                        "advised") + f": {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}; "
+                     "train them longer")
     if c["far"]:
         lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
                      "truth: they have not reached the data's floor, which a non-closure would only hide; train longer, "
                      "or check the setup (the truth of the data, the preset)")
     if c["recommended"] is not None:
         lines.append("- σ falls short of the error: set " + advice(c["recommended"]) + "; it is then part of σ, named")
-    elif c["settled"] and not c["far"]:
-        lines.append("- σ covers the error: no non-closure is needed")
-    if n < FEW:
-        lines.append(f"- {n} data set(s): s² is uncertain (its ± above); 20 or more measure it")
+    elif c["settled"] and not c["far"] and n > 1:
+        lines.append("- σ covers the error (s² is nowhere above its own error): no non-closure is needed")
+    if n < 2:
+        lines.append("- one data set: s² has no error to judge it by, so no value is advised; 20 or more measure it")
+    elif n < FEW:
+        lines.append(f"- {n} data sets: s² is uncertain (its ± above); 20 or more measure it")
     lines.append("- pulls from M members follow Student's t (std 1.73 at M = 4 for an exact σ): judge ±k68σ, "
                  "which should cover 68 %, and s², rather than the pulls' std")
     return lines

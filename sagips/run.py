@@ -190,12 +190,30 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     return prev
 
 
+def _check_nonclosure(cfg, env) -> None:
+    """analysis.nonclosure per parameter names this environment's parameters (checked on every rank before training,
+    not at the analysis after it): else a ConfigError, one line."""
+    nc = cfg.analysis.nonclosure
+    if isinstance(nc, dict):
+        from sagips.analysis.stats import nonclosure_factors
+
+        n = len(env.truth())
+        try:
+            nonclosure_factors(nc, env.parameter_names() or [f"r_{i}" for i in range(n)], n)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+
+#: settings whose value may be a mapping of names, compared whole by --resume (not a section to recurse into)
+VALUE_MAPPINGS = ("analysis.nonclosure",)
+
+
 def changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
     """'key: old -> new' for every setting of `new` whose value differs from `old`'s (nested sections flattened; the
     output directory, which --resume names anyway, left out)."""
     out = []
     for k, v in new.items():
-        if isinstance(v, dict) and isinstance(old.get(k), dict):
+        if isinstance(v, dict) and isinstance(old.get(k), dict) and f"{prefix}{k}" not in VALUE_MAPPINGS:
             out += changed_settings(old[k], v, f"{prefix}{k}.")
         elif k in old and old[k] != v and f"{prefix}{k}" != "output_dir":
             out.append(f"{prefix}{k}: {old[k]!r} -> {v!r}")
@@ -513,6 +531,7 @@ def _load_data(r: _Run) -> None:
         if pending is not None:
             wait([pending])  # the read ends before the error does: no thread left inside HDF5
         raise
+    _check_nonclosure(r.cfg, env)
     if (data_file and reads_own) or generates_own:
         if cfg.data.share == "node":
             arrays, layout, ranges = _load_node_subset(r, fraction)

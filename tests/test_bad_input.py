@@ -89,6 +89,9 @@ CASES = [
     ("ensemble size does not divide", ["--ensemble-size", "2"], None,
      ["ensemble.members=2 (--ensemble-size) does not divide", "launch a multiple of 2 ranks"]),
     ("delayed rank does not exist", ["--set", "pipeline.delay_ranks=[3]"], None, ["pipeline.delay_ranks", "rank 3"]),
+    ("non-closure names no parameter", ["--set", "analysis.nonclosure={r_2: 0.5, p9: 1}"], None,
+     ["analysis.nonclosure names 'p9'", "r_0, r_1"]),
+    ("negative non-closure", ["--set", "analysis.nonclosure={r_2: -1}"], None, ["analysis.nonclosure", ">= 0"]),
 ]
 
 

@@ -45,13 +45,18 @@ def test_the_non_closure_of_jobs_at_known_offsets(tmp_path, capsys):
     s = np.sqrt(terms.mean(axis=0))
     assert (terms.mean(axis=0) > 2).all()
     np.testing.assert_allclose([p["nonclosure"] for p in c["parameters"]], s, rtol=1e-4)
-    assert c["recommended"] == {name: round(float(v), 2) for name, v in zip(c["recommended"], s)}
+    # advised where s^2 is above its own error (here every parameter), rounded up to 2 decimals, by name
+    assert c["recommended"] == {f"r_{i}": math.ceil(100 * float(v)) / 100 for i, v in enumerate(s)}
     # the pulls: about 3/sqrt(1.25) = 2.7 and 1.8 off, and 0: +-1 sigma covers 1 of 3
     assert all(abs(p["cover1"] - 1 / 3) < 1e-9 for p in c["parameters"])
-    assert "σ falls short of the error: set `analysis.nonclosure: " in out and "3 data set(s): s² is uncertain" in out
+    assert "σ falls short of the error: set `analysis.nonclosure: " in out and "3 data sets: s² is uncertain" in out
     # jobs on the truth: sigma covers the error, no non-closure
     assert main([dirs[2], dirs[2], "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
-    assert "σ covers the error: no non-closure is needed" in capsys.readouterr().out
+    assert "σ covers the error (s² is nowhere above its own error)" in capsys.readouterr().out
+    # one data set: no error for s^2, so no advice, however far
+    assert main([dirs[0], "--noise-samples", "4", "--final-noise-samples", "4", "--json", str(tmp_path / "1.json")]) == 0
+    assert "one data set: s² has no error" in capsys.readouterr().out
+    assert json.loads((tmp_path / "1.json").read_text())["recommended"] is None
 
 
 def errors(text: str) -> list[str]:
@@ -108,7 +113,7 @@ def test_the_advice_is_what_the_config_and_analyze_read():
     from sagips.config import load
 
     one = advice({"a": 1.0, "b": 1.05})
-    assert "`analysis.nonclosure: 1.1`" in one and "--nonclosure 1.1`" in one  # (the larger)
+    assert "`analysis.nonclosure: 1.05`" in one and "--nonclosure 1.05`" in one  # (the larger)
     per = advice({"tau": 0.0, "resolution": 2.5})
     yaml = re.search(r"--set 'analysis.nonclosure=(\{.*?\})'", per).group(1)
     assert load(None, [f"analysis.nonclosure={yaml}"]).analysis.nonclosure == {"resolution": 2.5}

@@ -111,3 +111,16 @@ def test_help_config_shows_the_values_a_run_would_use(capsys):
     assert rows["train.beta2"] == f"{want.train.beta2}*" and rows["seed"] == f"{Config().seed}"
     assert main(["--help-config", "--set", "train.lr_g=abc"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["sagips: error: train.lr_g: expected a number, got 'abc'"]
+
+
+def test_resume_names_a_changed_nonclosure_mapping_whole():
+    """--resume lists changed settings; analysis.nonclosure's mapping is one value, not a section: adding a name, or
+    going from a number to a mapping, is a change it names."""
+    from sagips.run import changed_settings
+
+    old = {"analysis": {"nonclosure": {"r_0": 1.0}}, "train": {"epochs": 10}}
+    assert changed_settings(old, {"analysis": {"nonclosure": {"r_0": 1.0, "r_3": 2.0}}, "train": {"epochs": 10}}) == [
+        "analysis.nonclosure: {'r_0': 1.0} -> {'r_0': 1.0, 'r_3': 2.0}"]
+    assert changed_settings({"analysis": {"nonclosure": 0.7}}, {"analysis": {"nonclosure": {"r_0": 1.0}}}) == [
+        "analysis.nonclosure: 0.7 -> {'r_0': 1.0}"]
+    assert changed_settings(old, {"train": {"epochs": 20}}) == ["train.epochs: 10 -> 20"]

@@ -633,6 +633,6 @@ def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsy
     capsys.readouterr()
     assert main([str(tmp_path / "mixed"), "--out", str(tmp_path / "rep"), "--noise-samples", "4"]) != 0
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "different analysis.nonclosure (0, 0.5, 0.7)" in err and "--nonclosure" in err
+    assert len(err.splitlines()) == 1 and "different analysis.nonclosure (0; 0.5; 0.7)" in err and "--nonclosure" in err
     with pytest.raises(SystemExit):
         main([str(tmp_path / "mixed"), "--out", str(tmp_path / "rep"), "--nonclosure", "-1"])

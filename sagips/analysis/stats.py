@@ -450,6 +450,14 @@ def nonclosure_factors(nonclosure: float | Mapping[str, float], names: Sequence[
     return np.array([float(nonclosure.get(k, 0.0)) for k in names])
 
 
+def nonclosure_normal(nonclosure: Any) -> float | dict[str, float]:
+    """A non-closure as a number or a mapping of names to numbers, in floats (YAML's 1 and a run.json's 1.0 alike;
+    None: 0)."""
+    if isinstance(nonclosure, Mapping):
+        return {str(k): float(v) for k, v in nonclosure.items()}
+    return float(nonclosure or 0.0)
+
+
 def nonclosure_text(nonclosure: float | Mapping[str, float]) -> str:
     """How a note writes the non-closure: '0.7' or 'tau 0, resolution 2.5'."""
     if isinstance(nonclosure, Mapping):
