@@ -547,7 +547,8 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         return None
     epochs = [int(r["epoch"]) for r in recs]
     series = np.asarray([r["params"] for r in recs], dtype=np.float64)
-    names = list(names) if names and len(names) == series.shape[1] else [f"p{i}" for i in range(series.shape[1])]
+    # (unnamed parameters as analyze and analysis.nonclosure name them: r_0, r_1, ...)
+    names = list(names) if names and len(names) == series.shape[1] else [f"r_{i}" for i in range(series.shape[1])]
     ranks = np.asarray(final_quality.get("rank_params") or [final_quality["params"]], dtype=np.float64)
     f = ((info.get("config") or {}).get("environment") or {}).get("subset_fraction")
     # a member of a job of several (--ensemble-size): its own ranks cannot judge it, the job's members can
