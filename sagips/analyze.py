@@ -320,7 +320,8 @@ def quotable(summary: dict[str, Any]) -> list[str]:
     """The section "p̂ ± σ per parameter": the estimate to quote, its σ and σ's parts, and the convergence
     diagnostic, one table per group (docs/analysis.md, "What σ contains")."""
     lines = ["## Parameters: p̂ ± σ (what to quote)", "",
-             ("σ = sqrt(spread² + drift² + noise² [+ non-closure²]): the spread between independent members turned into the error of "
+             ("σ = sqrt(spread² + drift² + noise² [+ non-closure²]): the spread between independent members turned "
+              "into the error of "
               "their mean (members), the spread of the ranks inside a run (ranks: training noise, shown, and used only "
               "without members), the drift of p̂ over the last "
               f"{100 * stats.DRIFT_FRACTION:.0f} % of the epochs (added where the parameter still moves, i.e. more "

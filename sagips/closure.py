@@ -146,8 +146,8 @@ def report(c: dict[str, Any]) -> list[str]:
                      "train them longer")
     if c["far"]:
         lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
-                     "truth: they have not reached the data's floor, which a non-closure would only hide; train longer, "
-                     "or check the setup (the truth of the data, the preset)")
+                     "truth: they have not reached the data's floor, which a non-closure would only hide; train "
+                     "longer, or check the setup (the truth of the data, the preset)")
     if c["recommended"] is not None:
         lines.append("- σ falls short of the error: set " + advice(c["recommended"]) + "; it is then part of σ, named")
     elif c["settled"] and not c["far"] and n > 1:

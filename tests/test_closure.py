@@ -54,7 +54,8 @@ def test_the_non_closure_of_jobs_at_known_offsets(tmp_path, capsys):
     assert main([dirs[2], dirs[2], "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
     assert "σ covers the error (s² is nowhere above its own error)" in capsys.readouterr().out
     # one data set: no error for s^2, so no advice, however far
-    assert main([dirs[0], "--noise-samples", "4", "--final-noise-samples", "4", "--json", str(tmp_path / "1.json")]) == 0
+    assert main([dirs[0], "--noise-samples", "4", "--final-noise-samples", "4", "--json",
+                 str(tmp_path / "1.json")]) == 0
     assert "one data set: s² has no error" in capsys.readouterr().out
     assert json.loads((tmp_path / "1.json").read_text())["recommended"] is None
 

@@ -522,8 +522,8 @@ def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, f
 def runs_nonclosure(runs: Sequence[Run]) -> float | dict[str, float]:
     """The runs' analysis.nonclosure (a number, or a mapping of parameter names to numbers; 0 for runs from before
     the option); one value, or AnalysisError."""
-    values = {json.dumps(stats.nonclosure_normal(((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure")),
-                         sort_keys=True) for r in runs}
+    given = [((r.info.get("config") or {}).get("analysis") or {}).get("nonclosure") for r in runs]
+    values = {json.dumps(stats.nonclosure_normal(v), sort_keys=True) for v in given}
     if len(values) > 1:
         shown = "; ".join(stats.nonclosure_text(json.loads(v)) for v in sorted(values))
         raise AnalysisError(f"the runs of one ensemble were made with different analysis.nonclosure ({shown}): "
