@@ -840,7 +840,8 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
         e = expected(int(prof["members"]))
         lines.append(f"| *exact σ, M = {prof['members']} members* | | 0 | 1.00 | {e['std']:.2f} | {e['hw68']:.2f} | "
                      f"{100 * e['cover1']:.0f} % | {100 * e['cover2']:.0f} % | 68 % | 95 % | | | | | | | |")
-        for row in stats_of(rs):
+        rows = stats_of(rs)  # (once: the table and the non-closure line below)
+        for row in rows:
             verdict = calibration_verdict(row)
             lines.append(f"| {row['name']} | {row['n']} | {row['pull_mean']:+.2f} | {_f(row['pull_width_t'], '.2f')} | "
                          f"{_f(row['pull_width'], '.2f')} | "
@@ -851,7 +852,7 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
                          f"{_f(row['ml_pull_width'], '.2f')} | {typical_cell(row.get('typical'))} | "
                          f"{_f(row['noise_over_sigma'], '.2f')} | "
                          f"{row['moving']}/{row['n']} | {verdict} |")
-        nl = nonclosure_line(stats_of(rs))
+        nl = nonclosure_line(rows)
         lines += ["", nl] if nl else []
         lines.append("")
     return lines
