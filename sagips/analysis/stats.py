@@ -369,7 +369,7 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
     nc = nonclosure_part(nonclosure, bound, names)
-    given = nonclosure_factors(nonclosure, names, len(p_hat)).any() if bound is None else nc is not None
+    given = nonclosure_factors(nonclosure, names, len(p_hat)).any()
     if given and nc is None:
         notes.append(f"the non-closure {nonclosure_text(nonclosure)} ({nonclosure_from}) is a number of the data's "
                      "Cramér-Rao bounds, which are not known here: not applied, so σ holds no systematic of the "
