@@ -303,6 +303,35 @@ def test_a_coupled_run_of_a_density_is_judged_against_its_data_error(tmp_path):
         assert run_end_convergence(tmp_path, inf, final, ["mu", "res"], env)[0][1]["moving"] is None
 
 
+def test_independent_ranks_far_apart_are_not_called_converged_at_the_run_end(tmp_path):
+    """--mode ensemble: the ranks are independent members, and the end of the run judges them as sagips.analyze does,
+    with the data's Cramér-Rao bound: members that stand many bounds apart and barely move have not met (seen: a
+    300-epoch proxy1d run read "converged" for every parameter at the run's end while analyze judged none of four)."""
+    epochs = list(range(100, 1001, 100))
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for e in epochs:
+            fh.write(json.dumps({"epoch": e, "params": [1.0, 0.4 - 1e-6 * e]}) + "\n")  # res barely moves
+    info = {"mode": "ensemble", "reference_data": {"events": 10_000},
+            "config": {"environment": {"subset_fraction": 1}}}
+    apart = {"params": [1.0, 0.4], "rank_params": [[1.0, 0.3], [1.0, 0.5], [1.0, 0.35], [1.0, 0.45]]}
+    bound = 1 / math.sqrt(4.0 * 10_000)  # 0.005
+    got, what = run_end_convergence(tmp_path, info, apart, ["mu", "res"], _Density([4.0, 4.0]))
+    assert "Cramér-Rao" in what
+    # res: the four ranks' mean has an error of std/2 = 0.0456 = 9 bounds, beyond FAR_FROM_FLOOR: not judged
+    assert got[1]["moving"] is None and got[1]["message"].startswith("res: not judged: the members' spread puts σ at ")
+    assert got[1]["sigma"] > stats.FAR_FROM_FLOOR * bound
+    assert got[0]["moving"] is False and got[0]["sigma"] == pytest.approx(bound)  # mu: they agree; the data's floor
+    # without the environment (no bound) the same run reads converged: the defect the floor mends
+    assert run_end_convergence(tmp_path, info, apart, ["mu", "res"])[0][1]["moving"] is False
+    # ranks near the data's floor are judged: every rank learned from all the data, so σ is their training noise
+    # (the error of the mean of 4) and the bound in quadrature, and res moved 0.0002 < σ
+    near = {"params": [1.0, 0.4], "rank_params": [[1.0, 0.395], [1.0, 0.405], [1.0, 0.4], [1.0, 0.4]]}
+    got, _ = run_end_convergence(tmp_path, info, near, ["mu", "res"], _Density([4.0, 4.0]))
+    noise = math.sqrt(2 * 0.005 ** 2 / 3) / 2
+    assert [c["moving"] for c in got] == [False, False]
+    assert got[1]["sigma"] == pytest.approx(math.hypot(noise, bound)) and got[0]["sigma"] == pytest.approx(bound)
+
+
 def test_t_quantile_against_scipy():
     from scipy import stats as st
     for dof in (1, 2, 3, 4, 7, 19, 100, 5000, math.inf):

@@ -535,10 +535,11 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
                         names: Sequence[str] | None, env: Any = None) -> tuple[list[dict[str, Any]], str] | None:
     """The convergence diagnostic (`stats.convergence`) at the end of `sagips.run`, from what rank 0 has: the
     logged prediction p^ (metrics.jsonl `params`; the ranks' mean, or rank 0's in rma-arar-arar) and the ranks'
-    final predictions (`rank_params` of the final quality). With `env`, a density environment's Cramér-Rao bound at
-    the final p^ judges the movement of a run of exchanging ranks, as in sagips.analyze (`stats.convergence`'s
-    floor). Returns (per parameter, what sigma is), or None where the environment logs no parameters or fewer than
-    two epochs were logged."""
+    final predictions (`rank_params` of the final quality). With `env`, the data's Cramér-Rao bound at the final p^
+    enters as in sagips.analyze: it floors the members' part of sigma where the ranks are independent members
+    (--mode ensemble), so that members far apart are not called converged (`stats.convergence`'s floor), and it
+    judges the movement of a run of exchanging ranks. Returns (per parameter, what sigma is), or None where the
+    environment logs no parameters or fewer than two epochs were logged."""
     from sagips.io.metrics import read_metrics
 
     path = Path(out_dir) / "metrics.jsonl"
@@ -560,27 +561,31 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = ("one rank: no spread to judge the movement against" if job < 2 else
                 f"member {info.get('member', 0)} of {job}, one rank: no spread of its own to judge the movement "
                 f"against")
-    elif str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members
+        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged), what
+    # the data's error (the Cramér-Rao bound at the final p^), where the environment knows its information
+    n_events = (info.get("reference_data") or {}).get("events")
+    fisher = (_fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64))
+              if env is not None and n_events else None)
+    floor = stats.cramer_rao(fisher, int(n_events)) if isinstance(fisher, np.ndarray) else None
+    floor = floor if floor is not None and len(floor) == series.shape[1] else None
+    if str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members, sigma as analyze's
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
-                              None if f is None else stats.seen_fraction(f, 1), split_part(info) is None)
+                              None if f is None else stats.seen_fraction(f, 1), split_part(info) is None, bound=floor)
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
-    else:  # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
-        u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
-                              np.zeros(series.shape[1]), None, True)
-        what = (f"σ: the spread of the {len(ranks)} ranks' generators, training noise only; several members give "
-                f"the full σ (sagips.analyze)")
-        # That spread is a lower bound of σ (ranks that exchange gradients agree more than independent fits would):
-        # a parameter that moved less than it has converged, one that moved more is not judged (stats.convergence).
-        # A density knows its data's error (the Cramer-Rao bound at the final p^): judged against the larger of both.
-        n_events = (info.get("reference_data") or {}).get("events")
-        fisher = (_fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64))
-                  if env is not None and n_events else None)
-        floor = stats.cramer_rao(fisher, int(n_events)) if isinstance(fisher, np.ndarray) else None
-        floor = floor if floor is not None and len(floor) == series.shape[1] else None
-        spread = u.spread
-        if str(info.get("mode")) == "rma-arar-arar":  # the logged series is rank 0's generator, not the ranks' mean:
-            spread = stats.member_scatter(ranks)  # its noise is one rank's, not the error of their mean
         if floor is not None:
-            what += "; the data's Cramér-Rao bound where it is larger"
-        return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged), what
-    return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged), what
+            what += ", at least the data's part of the Cramér-Rao bound"
+        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, floor=u.cramer_rao), what
+    # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
+    u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
+                          np.zeros(series.shape[1]), None, True)
+    what = (f"σ: the spread of the {len(ranks)} ranks' generators, training noise only; several members give "
+            f"the full σ (sagips.analyze)")
+    # That spread is a lower bound of σ (ranks that exchange gradients agree more than independent fits would):
+    # a parameter that moved less than it has converged, one that moved more is not judged (stats.convergence).
+    # A density knows its data's error (the Cramer-Rao bound at the final p^): judged against the larger of both.
+    spread = u.spread
+    if str(info.get("mode")) == "rma-arar-arar":  # the logged series is rank 0's generator, not the ranks' mean:
+        spread = stats.member_scatter(ranks)  # its noise is one rank's, not the error of their mean
+    if floor is not None:
+        what += "; the data's Cramér-Rao bound where it is larger"
+    return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged), what
