@@ -100,7 +100,10 @@ def test_sigma_against_a_hand_computation(tmp_path, truth):
     np.testing.assert_allclose(u["sigma"], np.sqrt((s * factor) ** 2 + in_sigma ** 2), rtol=1e-3, atol=2e-6)
     assert u["drift_added"] == list(added)
     conv = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]["convergence"]
-    assert [c["moving"] for c in conv] == list(added)  # moved beyond the members' spread: still moving
+    # moved beyond the members' spread: still moving (r_2); r_0 moved inside its own, but its valley partner r_2
+    # (+95 % in proxy1d's information at p^) moves: not judged (stats.convergence's correlation)
+    assert [c["moving"] for c in conv] == [None, False, True, False, False, False]
+    assert "but r_2, +95 % correlated with it" in conv[0]["message"]
     assert conv[2]["message"].endswith("train longer, or raise environment.events_per_sample")
     assert u["ranks"] == [None] * 6  # one rank per run: no spread inside a run
     assert u["sampling"] == pytest.approx([0.0] * 6, abs=1e-7)  # every noise vector gives the same prediction
@@ -330,6 +333,48 @@ def test_independent_ranks_far_apart_are_not_called_converged_at_the_run_end(tmp
     noise = math.sqrt(2 * 0.005 ** 2 / 3) / 2
     assert [c["moving"] for c in got] == [False, False]
     assert got[1]["sigma"] == pytest.approx(math.hypot(noise, bound)) and got[0]["sigma"] == pytest.approx(bound)
+
+
+def test_a_parameter_is_not_converged_while_its_valley_partner_still_moves(tmp_path):
+    """Two parameters 99 % correlated in the data's information move together along their valley, each by its own
+    share of its σ: one that moved less than 1σ is not called converged while its partner moved more (seen: proxy1d
+    after 300 of 4,000 epochs, r_0 0.6σ and 14σ from its truth, r_1 1.4σ)."""
+    epochs = np.arange(100, 1001, 100)
+    series = np.stack([1.0 + 2.5e-6 * epochs, 0.3 + 1e-5 * epochs, np.full(len(epochs), 2.0)], 1)
+    sigma = np.array([0.001, 0.001, 0.001])  # over 800-1000: mu 0.5σ, res 2σ, k 0
+    names = ["mu", "res", "k"]
+    corr = np.array([[1.0, 0.99, 0.0], [0.99, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    alone = stats.convergence(names, epochs, series, sigma)
+    assert [c["moving"] for c in alone] == [False, True, False]
+    got = stats.convergence(names, epochs, series, sigma, correlation=corr)
+    assert [c["moving"] for c in got] == [None, True, False]  # k, uncorrelated, keeps its verdict
+    assert got[0]["z"] == pytest.approx(0.5) and got[0]["message"] == (
+        "mu: not judged: it moved 0.5σ over the last 20 % of epochs (800-1000), but res, +99 % correlated with it in "
+        "the data's information, still moves, and along such a valley they move together: train longer, or raise "
+        "environment.events_per_sample")
+    weak = corr.copy()
+    weak[0, 1] = weak[1, 0] = -0.9  # below stats.CORRELATION_WARN: each judged on its own
+    assert [c["moving"] for c in stats.convergence(names, epochs, series, sigma, correlation=weak)] == [False, True,
+                                                                                                     False]
+    # the correlation comes from the data's information, at the end of a run as in analyze: I = inverse of the
+    # covariance [[1, .99], [.99, 1]] (unit bounds per event), so the estimates are +99 % correlated
+    info = np.linalg.inv(np.array([[1.0, 0.99], [0.99, 1.0]]))
+    np.testing.assert_allclose(stats.information_correlation(info), [[1.0, 0.99], [0.99, 1.0]])
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        for e in epochs:
+            fh.write(json.dumps({"epoch": int(e), "params": [1.0 + 2.5e-6 * e, 0.4 + 1e-5 * e]}) + "\n")
+
+    class Valley(_Density):
+        def fisher(self, p):
+            return info
+
+    final = {"params": [1.0, 0.4], "rank_params": [[1.0, 0.4], [1.0, 0.4]]}  # ranks agree: the data's error judges
+    run = {"mode": "arar", "reference_data": {"events": 10}}  # bound sqrt(1/10) = 0.316: nothing moves against it
+    moved = {"mode": "arar", "reference_data": {"events": 10 ** 6}}  # bound 0.001: mu 0.5σ, res 2σ
+    assert [c["moving"] for c in run_end_convergence(tmp_path, run, final, ["mu", "res"], Valley([1, 1]))[0]] == [
+        False, False]
+    got, _ = run_end_convergence(tmp_path, moved, final, ["mu", "res"], Valley([1, 1]))
+    assert [c["moving"] for c in got] == [None, True] and "res, +99 % correlated" in got[0]["message"]
 
 
 def test_t_quantile_against_scipy():

@@ -503,8 +503,10 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")
     # one run: its ranks' spread and the data's bound are weighed apart (the larger judges, stats.convergence)
     spread = u.ranks / np.sqrt(max(1, n_ranks)) if u.spread_from == "ranks" else u.spread
+    corr = (stats.information_correlation(final.fisher) if final is not None and isinstance(final.fisher, np.ndarray)
+            else None)
     return u, stats.convergence(names, g.epochs, series, spread, fraction, lower_bound=u.spread_from == "ranks",
-                                floor=u.cramer_rao)
+                                floor=u.cramer_rao, correlation=corr)
 
 
 def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, final_noise_samples: int = 16384,
@@ -568,13 +570,15 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
               if env is not None and n_events else None)
     floor = stats.cramer_rao(fisher, int(n_events)) if isinstance(fisher, np.ndarray) else None
     floor = floor if floor is not None and len(floor) == series.shape[1] else None
+    corr = stats.information_correlation(fisher) if floor is not None else None  # (valley partners move together)
     if str(info.get("mode")) == "ensemble":  # independent GANs: the ranks are the members, sigma as analyze's
         u = stats.uncertainty(ranks, np.full(series.shape[1], np.nan), 1, np.zeros(series.shape[1]),
                               None if f is None else stats.seen_fraction(f, 1), split_part(info) is None, bound=floor)
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
         if floor is not None:
             what += ", at least the data's part of the Cramér-Rao bound"
-        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, floor=u.cramer_rao), what
+        return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, floor=u.cramer_rao,
+                                  correlation=corr), what)
     # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
     u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
                           np.zeros(series.shape[1]), None, True)
@@ -588,4 +592,5 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         spread = stats.member_scatter(ranks)  # its noise is one rank's, not the error of their mean
     if floor is not None:
         what += "; the data's Cramér-Rao bound where it is larger"
-    return stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged), what
+    return (stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged,
+                              correlation=corr), what)
