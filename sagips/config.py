@@ -146,8 +146,9 @@ class EnsembleConfig:
                     "event once", choices=("shared", "split"))
     analyze: bool = opt(True, "at the end of a job of several members, the member that ends last runs sagips.analyze "
                         "on the job (OUTPUT_DIR/analysis/) and prints p-hat +- sigma per parameter, the number to "
-                        "quote (sagips/analysis/job.py); false skips it (python -m sagips.analyze OUTPUT_DIR gives "
-                        "the same at any time)")
+                        "quote (sagips/analysis/job.py); so does rank 0 of a --mode ensemble run of several ranks, "
+                        "whose ranks are independent members; false skips it (python -m sagips.analyze OUTPUT_DIR "
+                        "gives the same at any time)")
 
 
 @dataclass

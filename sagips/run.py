@@ -376,13 +376,15 @@ def _configure(r: _Run) -> None:
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
     r.job = None
+    if (args.overwrite or args.resume) and world.rank == 0:  # the last analysis (job's or run's): never this one's
+        import shutil
+
+        from sagips.analysis import job
+
+        shutil.rmtree(os.path.join(cfg.output_dir, job.ANALYSIS_DIR), ignore_errors=True)
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
         from sagips.analysis import job
 
-        if (args.overwrite or args.resume) and world.rank == 0:  # the last job's analysis: never taken for this one's
-            import shutil
-
-            shutil.rmtree(os.path.join(cfg.output_dir, job.ANALYSIS_DIR), ignore_errors=True)
         r.job = world.bcast(job.new_token() if world.rank == 0 else None, root=0)
     if prev_run is not None:
         from sagips.io.atomic import remove_stale_temps
@@ -915,6 +917,12 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
+    if str(r.run_info.get("mode")) == "ensemble" and comm.size > 1 and r.cfg.ensemble.analyze:
+        # independent ranks: the run's p^ +- sigma and its convergence diagnostic, sagips.analyze's (issue 36)
+        from sagips.analysis import job
+
+        if job.run_result(r.out_dir, comm.size, say=lambda m: print(m, flush=True)) is not None:
+            return
     if conv:
         print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
               flush=True)

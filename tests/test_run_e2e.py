@@ -7,7 +7,7 @@ import torch
 
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
 from sagips.io.metrics import read_metrics
-from tests._mpirun import child_env, run_mpi
+from tests._mpirun import child_env, run_mpi, run_py
 
 QUICK = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress",
          "--set", "environment.reference_events=20000", "--set", "environment.param_samples=16",
@@ -45,6 +45,24 @@ def test_outputs_exist_and_load(ensemble_run):
     assert [rec["epoch"] for rec in m] == [1, 2, 4, 6]
     assert all(len(rec["residuals"]) == 6 and rec["quality_ranks"] == 2 for rec in m)
     assert "max |r|" in r.stdout
+
+
+def test_an_ensemble_run_ends_with_its_p_hat_and_sigma(ensemble_run, tmp_path):
+    """--mode ensemble on 2 ranks: the ranks are independent members, so rank 0 analyses the run at its end (as the
+    last member of a job of several does): p̂ ± σ printed once, in place of the run end's own convergence lines, and
+    RUN_DIR/analysis holds what `python -m sagips.analyze RUN_DIR` writes (run here apart, the independent check)."""
+    out, r = ensemble_run
+    assert r.stdout.count("## Parameters: p̂ ± σ (what to quote)") == 1 and "sagips: convergence (" not in r.stdout
+    assert r.stdout.count(f"sagips: the 2 ranks are independent members; analysing them (python -m sagips.analyze "
+                          f"{out} --out {out / 'analysis'})") == 1
+    assert f"sagips: the run's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in r.stdout
+    cli = run_py(["-m", "sagips.analyze", str(out), "--out", str(tmp_path / "cli")], timeout=180)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    got, want = (json.loads((d / "summary.json").read_text())["groups"][0] for d in (out / "analysis", tmp_path / "cli"))
+    assert got["uncertainty"]["n_members"] == 2 and got["uncertainty"]["spread_from"] == "members"
+    for key in ("p_hat", "sigma"):
+        np.testing.assert_allclose(got["uncertainty"][key], want["uncertainty"][key], rtol=1e-12)
+    assert [c["moving"] for c in got["convergence"]] == [c["moving"] for c in want["convergence"]]
 
 
 def test_ensemble_ranks_are_independent(ensemble_run):

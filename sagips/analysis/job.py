@@ -1,5 +1,6 @@
 """The job's own result: at the end of a job of several independent members (`sagips.run --ensemble-size M`), the
-member that ends last runs `sagips.analyze` on the job's directory and prints p̂ ± σ per parameter (issue 36).
+member that ends last runs `sagips.analyze` on the job's directory and prints p̂ ± σ per parameter (issue 36); a
+`--mode ensemble` run of several ranks, whose ranks are independent members, analyses itself (`run_result`).
 
 Without it, each member printed its own table and convergence lines (M of them, interleaved), and the number to
 quote needed a second command. No collective is added: the members end on their own, so a member that fails or is
@@ -75,17 +76,41 @@ def job_result(job_dir: str | os.PathLike, members: int, token: str, say=print) 
         say(f"sagips: all {members} members of the job are done; analysing them ({again})")
         if extra:
             say(f"sagips: note: {job_dir} also holds {', '.join(extra)} of an earlier job: not in this analysis")
+    except Exception as e:  # a job directory it cannot write into: redone at any time
+        return _failed(e, "the job's", "the members' runs are complete", again, say)
+    return _analyse(runs, out, "the job's", "the members' runs are complete", again, say)
+
+
+def run_result(run_dir: str | os.PathLike, ranks: int, say=print) -> dict | None:
+    """On rank 0 at the end of a `--mode ensemble` run of several ranks (one job, no --ensemble-size): its ranks are
+    independent members, so analyse the run (`sagips.analyze RUN_DIR` with its defaults, into RUN_DIR/analysis) and
+    print p̂ ± σ, as the last member of a job of several does. Never raises; returns the summary, or None."""
+    out = Path(run_dir) / ANALYSIS_DIR
+    again = f"python -m sagips.analyze {run_dir} --out {out}"
+    try:
+        say(f"sagips: the {ranks} ranks are independent members; analysing them ({again})")
+    except Exception:  # (stdout itself gone: a closed pipe)
+        return None
+    return _analyse([Path(run_dir)], out, "the run's", "the run is complete", again, say)
+
+
+def _analyse(runs, out: Path, whose: str, complete: str, again: str, say) -> dict | None:
+    """sagips.analyze RUNS --out OUT, then its p̂ ± σ section printed; a failure is one warning line."""
+    try:
         from sagips.analyze import parse_args, quotable, run_analysis
 
         t0 = time.perf_counter()
         summary = run_analysis(parse_args([*map(str, runs), "--out", str(out)]))
-        say("\n".join(quotable(summary)) + f"\n\nsagips: the job's analysis (summary.md, summary.json, figures) is "
+        say("\n".join(quotable(summary)) + f"\n\nsagips: {whose} analysis (summary.md, summary.json, figures) is "
             f"in {out} ({time.perf_counter() - t0:.0f} s)")
         return summary
-    except Exception as e:  # a job directory it cannot write into, an analysis that fails: redone at any time
-        try:
-            say(f"sagips: warning: the job's analysis failed ({type(e).__name__}: {e}); the members' runs are "
-                f"complete: run {again}")
-        except Exception:  # (stdout itself gone: a closed pipe)
-            pass
-        return None
+    except Exception as e:  # a directory it cannot write into, an analysis that fails: redone at any time
+        return _failed(e, whose, complete, again, say)
+
+
+def _failed(e: Exception, whose: str, complete: str, again: str, say) -> None:
+    try:
+        say(f"sagips: warning: {whose} analysis failed ({type(e).__name__}: {e}); {complete}: run {again}")
+    except Exception:  # (stdout itself gone: a closed pipe)
+        pass
+    return None
