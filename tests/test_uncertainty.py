@@ -335,6 +335,23 @@ def test_independent_ranks_far_apart_are_not_called_converged_at_the_run_end(tmp
     assert got[1]["sigma"] == pytest.approx(math.hypot(noise, bound)) and got[0]["sigma"] == pytest.approx(bound)
 
 
+def test_a_window_that_spans_the_whole_run_judges_nothing():
+    """Records only at the run's first and last epoch (a short run, or checkpoints sparser than it): how far a fit
+    moved since its start says nothing of whether it has settled, so neither "converged" nor "still moving" (seen: a
+    2-epoch proxy1d run read "converged" for every parameter, its ranks unmoved from the box's middle)."""
+    names = ["mu", "res"]
+    for epochs, series in (([1, 2], [[1.0, 0.3], [1.0, 0.3]]), ([1, 3000], [[1.0, 0.3], [1.2, 0.3]])):
+        got = stats.convergence(names, epochs, np.asarray(series), np.array([0.01, 0.01]))
+        assert [c["moving"] for c in got] == [None, None]
+        msg = got[1]["message"]
+        assert msg.startswith(f"res: not judged: its only records in the window ({epochs[0]}-{epochs[1]}) are the "
+                              f"run's first and last") and "\n" not in msg
+    # a third record inside the run: the last two are judged as before
+    three = stats.convergence(names, [1, 2000, 3000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.3]]),
+                              np.array([0.01, 0.01]))
+    assert [c["moving"] for c in three] == [False, False] and three[0]["window"] == [2000, 3000]
+
+
 def test_a_parameter_is_not_converged_while_its_valley_partner_still_moves(tmp_path):
     """Two parameters 99 % correlated in the data's information move together along their valley, each by its own
     share of its σ: one that moved less than 1σ is not called converged while its partner moved more (seen: proxy1d
@@ -593,7 +610,7 @@ def test_sigma_is_floored_at_the_datas_error():
     np.testing.assert_allclose(one.sigma, np.sqrt((0.02 / 2) ** 2 + bound ** 2 / 0.8), rtol=1e-12)
     assert one.spread_from == "ranks" and "Cramér-Rao" in one.notes[0] and "lower bound" in one.notes[0]
     # its convergence is judged against the larger of its ranks' spread and the data's bound, each named
-    conv = stats.convergence(["a"], [800, 900, 1000], np.array([[0.0], [0.01], [0.02]]), np.array([0.01]),
+    conv = stats.convergence(["a"], [1, 800, 900, 1000], np.array([[0.0], [0.0], [0.01], [0.02]]), np.array([0.01]),
                              lower_bound=True, floor=np.array([0.05]))
     assert conv[0]["sigma"] == 0.05 and "Cramér-Rao" in conv[0]["message"] and conv[0]["moving"] is False
 

@@ -715,6 +715,9 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     # where fewer than two checkpoints fall in the last `fraction`, the window reaches back to the last two
     over = (f"between its last two checkpoints (too few in the last {pct} of epochs: lower train.checkpoint_every)"
             if len(s) >= 2 and e0 < (1.0 - fraction) * e1 else f"over the last {pct} of epochs")
+    # a window that starts at the first record spans the whole run: how far a fit moved since its start does not say
+    # whether it has settled (seen: a 2-epoch run read "converged", its ranks unmoved from the box's middle)
+    whole = len(s) >= 2 and e0 <= int(np.asarray(epochs)[0])
     out = []
     for i, name in enumerate(names):
         mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
@@ -755,6 +758,11 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
                 moving = None
                 msg = (f"{name} moved {mv:+.3g}{rel} {over} ({e0}-{e1}), {z:.1f}x the ranks' "
                        f"spread, which is only a lower bound of σ here: to judge it, {unjudged}")
+        if whole:
+            moving = None
+            msg = (f"{name}: not judged: its only records in the window ({e0}-{e1}) are the run's first and last, so "
+                   f"its movement ({'no spread to judge it' if z is None else f'{z:.1f}σ'}) does not say whether it "
+                   f"has settled: record more often (train.checkpoint_every, train.log_every) or train longer")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
     if correlation is not None and len(s) >= 2:
