@@ -52,7 +52,8 @@ def one_run(work: Path, peer: str, n: int, epochs: int, sets: list[str], timeout
     cmd = [sys.executable, "-m", module, "--config", "configs/proxy1d-quick.yaml", "--epochs", str(epochs),
            "--output-dir", str(out), "--no-progress", "--set", "train.threads=1", "--set", "comm.inner_size=0",
            "--set", "train.checkpoint_every=1000000", "--set", "train.state_every=1000000",
-           "--set", f"train.log_every={epochs}", "--set", "environment.reference_events=200000"]
+           "--set", f"train.log_every={epochs}", "--set", "environment.reference_events=200000",
+           "--set", "ensemble.analyze=false"]  # (timed runs: no p^ +- sigma at their end)
     if not peer.startswith("ddp"):
         cmd += ["--mode", peer]
     for s in sets:

@@ -107,7 +107,8 @@ def run_command(n: int, args: list[str], out: Path, seed: int, extra: list[str])
     """The mpiexec command line of one launch of `n` ranks (sagips.run arguments `args`, then `--set` of `extra`)."""
     mpiexec = Path(sys.executable).parent / "mpiexec"  # the venv's (pip's mpich), else the one on PATH
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable, "-m", "sagips.run",
-           "--config", PRESET, "--no-progress", "--overwrite", "--output-dir", str(out), "--seed", str(seed), *args]
+           "--config", PRESET, "--no-progress", "--overwrite", "--output-dir", str(out), "--seed", str(seed), *args,
+           "--set", "ensemble.analyze=false"]  # (a run's own p^ +- sigma: this study's analysis follows, over them all)
     for s in extra:
         cmd += ["--set", s]
     return cmd
