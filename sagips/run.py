@@ -381,7 +381,9 @@ def _configure(r: _Run) -> None:
 
         from sagips.analysis import job
 
-        shutil.rmtree(os.path.join(cfg.output_dir, job.ANALYSIS_DIR), ignore_errors=True)
+        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)
+        if os.path.isdir(old):  # (a stat, not a listing: no file-system work for a run that has none, test_fsops)
+            shutil.rmtree(old, ignore_errors=True)
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
         from sagips.analysis import job
 
