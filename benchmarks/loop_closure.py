@@ -196,6 +196,7 @@ def run_part(mode: str, truth: str, a, run_dir: Path) -> dict:
         sets.append(f"environment.true_params=[{truth}]")
     cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(a.ranks), sys.executable, "-m", "sagips.run",
            "--config", PRESET, "--mode", mode, "--output-dir", str(run_dir), "--overwrite", "--no-progress",
+           "--set", "ensemble.analyze=false",  # (wall_s is the run's; this study analyses the checkpoints itself)
            *[x for s in sets for x in ("--set", s)]]
     shown = " ".join(["mpiexec -n", str(a.ranks), "python", *cmd[4:]])
     print(f"loop_closure: {mode} at truth {truth}: {shown}", flush=True)

@@ -376,13 +376,13 @@ def _configure(r: _Run) -> None:
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
     r.job = None
-    if (args.overwrite or args.resume) and world.rank == 0:  # the last analysis (job's or run's): never this one's
+    if (args.overwrite or args.resume) and world.rank == 0 and (members > 1 or analyses_itself(r)):
         import shutil
 
         from sagips.analysis import job
 
-        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)
-        if os.path.isdir(old):  # (a stat, not a listing: no file-system work for a run that has none, test_fsops)
+        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)  # the last job's or run's analysis: never this one's
+        if os.path.isdir(old) and not os.path.islink(old):  # (a stat, not a listing: test_fsops counts them)
             shutil.rmtree(old, ignore_errors=True)
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
         from sagips.analysis import job
@@ -575,6 +575,12 @@ def _load_data(r: _Run) -> None:
 def independent_ranks(r: _Run) -> bool:
     """Do the run's ranks train independent GANs (--mode ensemble: no exchange, no peer)?"""
     return r.cfg.mode == "ensemble" and r.peer is None
+
+
+def analyses_itself(r: _Run) -> bool:
+    """Does rank 0 run sagips.analyze on this run at its end? A --mode ensemble run of several ranks, one job (its
+    ranks are independent members), unless ensemble.analyze=false (a job of several members: its last member)."""
+    return independent_ranks(r) and r.members == 1 and r.world.size > 1 and r.cfg.ensemble.analyze
 
 
 def data_split(r: _Run) -> tuple[int, int, int] | None:
@@ -899,7 +905,10 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
                       cuda_graph=trainer.graphs.record() if trainer.graphs is not None else None)
     from sagips.analysis.ensemble import run_end_convergence  # is a parameter still moving? (issue 36)
 
-    conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)
+    # a run that analyses itself gets analyze's diagnostic below: the data's information (10-30 s for a simulator)
+    # is computed there once, not here too (and here, only if that analysis fails)
+    itself = analyses_itself(r)
+    conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), None if itself else env)
     if conv:
         r.run_info["convergence"] = conv[0]
     write_run_json(r.out_dir, r.run_info)
@@ -919,12 +928,19 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
-    if str(r.run_info.get("mode")) == "ensemble" and comm.size > 1 and r.cfg.ensemble.analyze:
-        # independent ranks: the run's p^ +- sigma and its convergence diagnostic, sagips.analyze's (issue 36)
+    if itself and conv:  # (an environment that logs no parameters has no p^ +- sigma to quote)
+        # independent ranks: the run's p^ +- sigma and its convergence diagnostic, sagips.analyze's (issue 36), which
+        # run.json then keeps, as printed
         from sagips.analysis import job
 
-        if job.run_result(r.out_dir, comm.size, say=lambda m: print(m, flush=True)) is not None:
+        summary = job.run_result(r.out_dir, comm.size, say=lambda m: print(m, flush=True))
+        if summary is not None:
+            r.run_info["convergence"] = summary["groups"][0]["convergence"]
+            write_run_json(r.out_dir, r.run_info)
             return
+        conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)  # with the floor
+        r.run_info["convergence"] = conv[0]
+        write_run_json(r.out_dir, r.run_info)
     if conv:
         print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
               flush=True)

@@ -1,5 +1,6 @@
 """The end of a job of several members (sagips/analysis/job.py): the last member to end, and only it, analyses."""
 import json
+from pathlib import Path
 
 from sagips.analysis import job
 
@@ -87,3 +88,28 @@ def test_a_job_directory_that_cannot_be_written_is_a_warning_not_a_failure(tmp_p
     assert len(said) == 1 and said[0].startswith("sagips: warning: the job's analysis failed (")
     assert "\n" not in said[0] and said[0].endswith(f"run python -m sagips.analyze {tmp_path} --out "
                                                     f"{tmp_path / job.ANALYSIS_DIR}")
+
+
+def test_a_run_that_analyses_itself_fails_in_one_line_whatever_its_path(tmp_path, monkeypatch):
+    """The end of a --mode ensemble run of several ranks (job.run_result): a failed analysis is one warning line that
+    names the command, never an exception (not even argparse's exit for a directory named like an option)."""
+    said = []
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"status": "complete"}))  # complete, but no checkpoints
+    assert job.run_result(run, 4, say=said.append) is None
+    again = f"python -m sagips.analyze {run} --out {run / job.ANALYSIS_DIR}"
+    assert said[0] == f"sagips: the 4 ranks are independent members; analysing them ({again})"
+    assert len(said) == 2 and said[1].startswith("sagips: warning: the run's analysis failed (") and "\n" not in said[1]
+    assert said[1].endswith(f"the run is complete: run {again}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-x").mkdir()
+    said.clear()
+    assert job.run_result("-x", 2, say=said.append) is None  # (no SystemExit from argparse)
+    assert said[1].startswith("sagips: warning: the run's analysis failed (")
+    import sagips.analyze
+
+    seen = []
+    monkeypatch.setattr(sagips.analyze, "run_analysis", lambda args: seen.append((args.run_dirs, args.out)) or {})
+    monkeypatch.setattr(sagips.analyze, "quotable", lambda summary: ["TABLE"])
+    assert job.run_result("-x", 2, say=said.append) == {} and seen == [(["-x"], str(Path("-x") / job.ANALYSIS_DIR))]

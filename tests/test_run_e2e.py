@@ -58,11 +58,13 @@ def test_an_ensemble_run_ends_with_its_p_hat_and_sigma(ensemble_run, tmp_path):
     assert f"sagips: the run's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in r.stdout
     cli = run_py(["-m", "sagips.analyze", str(out), "--out", str(tmp_path / "cli")], timeout=180)
     assert cli.returncode == 0, cli.stderr[-3000:]
-    got, want = (json.loads((d / "summary.json").read_text())["groups"][0] for d in (out / "analysis", tmp_path / "cli"))
+    got, want = (json.loads((d / "summary.json").read_text())["groups"][0]
+                 for d in (out / "analysis", tmp_path / "cli"))
     assert got["uncertainty"]["n_members"] == 2 and got["uncertainty"]["spread_from"] == "members"
     for key in ("p_hat", "sigma"):
         np.testing.assert_allclose(got["uncertainty"][key], want["uncertainty"][key], rtol=1e-12)
     assert [c["moving"] for c in got["convergence"]] == [c["moving"] for c in want["convergence"]]
+    assert json.loads((out / "run.json").read_text())["convergence"] == got["convergence"]  # run.json keeps it
 
 
 def test_ensemble_ranks_are_independent(ensemble_run):

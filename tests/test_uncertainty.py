@@ -346,7 +346,10 @@ def test_a_window_that_spans_the_whole_run_judges_nothing():
         msg = got[1]["message"]
         assert msg.startswith(f"res: not judged: its only records in the window ({epochs[0]}-{epochs[1]}) are the "
                               f"run's first and last") and "\n" not in msg
-    # a third record inside the run: the last two are judged as before
+    # a third record: the last two are judged as before, also where the series starts late (pruned checkpoints)
+    late = stats.convergence(names, [800, 900, 1000], np.array([[1.0, 0.3], [1.0, 0.31], [1.0, 0.32]]),
+                             np.array([0.01, 0.01]))
+    assert [c["moving"] for c in late] == [False, True] and late[1]["z"] == pytest.approx(2.0)
     three = stats.convergence(names, [1, 2000, 3000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.3]]),
                               np.array([0.01, 0.01]))
     assert [c["moving"] for c in three] == [False, False] and three[0]["window"] == [2000, 3000]
@@ -369,6 +372,9 @@ def test_a_parameter_is_not_converged_while_its_valley_partner_still_moves(tmp_p
         "mu: not judged: it moved 0.5σ over the last 20 % of epochs (800-1000), but res, +99 % correlated with it in "
         "the data's information, still moves, and along such a valley they move together: train longer, or raise "
         "environment.events_per_sample")
+    # a correlation of another size (not this run's parameters) is not used
+    assert [c["moving"] for c in stats.convergence(names, epochs, series, sigma, correlation=np.eye(2))] == [
+        False, True, False]
     weak = corr.copy()
     weak[0, 1] = weak[1, 0] = -0.9  # below stats.CORRELATION_WARN: each judged on its own
     assert [c["moving"] for c in stats.convergence(names, epochs, series, sigma, correlation=weak)] == [False, True,

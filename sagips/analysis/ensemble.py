@@ -576,7 +576,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
                               None if f is None else stats.seen_fraction(f, 1), split_part(info) is None, bound=floor)
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
         if floor is not None:
-            what += ", at least the data's part of the Cramér-Rao bound"
+            what += ", with the data's Cramér-Rao bound as its floor"
         return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, floor=u.cramer_rao,
                                   correlation=corr), what)
     # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)

@@ -100,7 +100,7 @@ def _analyse(runs, out: Path, whose: str, complete: str, again: str, say) -> dic
         from sagips.analyze import parse_args, quotable, run_analysis
 
         t0 = time.perf_counter()
-        summary = run_analysis(parse_args([*map(str, runs), "--out", str(out)]))
+        summary = run_analysis(parse_args([f"--out={out}", "--", *map(str, runs)]))  # (paths may start with -)
         say("\n".join(quotable(summary)) + f"\n\nsagips: {whose} analysis (summary.md, summary.json, figures) is "
             f"in {out} ({time.perf_counter() - t0:.0f} s)")
         return summary

@@ -715,9 +715,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     # where fewer than two checkpoints fall in the last `fraction`, the window reaches back to the last two
     over = (f"between its last two checkpoints (too few in the last {pct} of epochs: lower train.checkpoint_every)"
             if len(s) >= 2 and e0 < (1.0 - fraction) * e1 else f"over the last {pct} of epochs")
-    # a window that starts at the first record spans the whole run: how far a fit moved since its start does not say
-    # whether it has settled (seen: a 2-epoch run read "converged", its ranks unmoved from the box's middle)
-    whole = len(s) >= 2 and e0 <= int(np.asarray(epochs)[0])
+    # two records only (a run shorter than its record interval): the window is the whole run, and how far a fit moved
+    # since its start does not say whether it has settled (seen: a 2-epoch run read "converged", its ranks unmoved
+    # from the box's middle)
+    whole = len(s) == 2
     out = []
     for i, name in enumerate(names):
         mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
@@ -765,8 +766,8 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
                    f"has settled: record more often (train.checkpoint_every, train.log_every) or train longer")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
-    if correlation is not None and len(s) >= 2:
-        c = np.asarray(correlation, dtype=np.float64)
+    c = None if correlation is None else np.asarray(correlation, dtype=np.float64)
+    if c is not None and c.shape == (len(out), len(out)) and len(s) >= 2:
         still = [o["moving"] is True for o in out]  # (the verdicts of the loop above, before any is changed here)
         for i, o in enumerate(out):
             partners = [j for j in range(len(out)) if j != i and still[j] and abs(c[i, j]) >= CORRELATION_WARN]
