@@ -346,13 +346,21 @@ def test_a_window_that_spans_the_whole_run_judges_nothing():
         msg = got[1]["message"]
         assert msg.startswith(f"res: not judged: its only records in the window ({epochs[0]}-{epochs[1]}) are the "
                               f"run's first and last") and "\n" not in msg
+    # fewer than two records in the last 20 % (the window reaches back to the last two): not called converged (seen:
+    # a 20-epoch run, a record every 5, "converged (0.0σ)" at max|r| 0.99), but a movement beyond σ is still moving
+    few = stats.convergence(names, [1, 500, 1000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.32]]),
+                            np.array([0.01, 0.01]))
+    assert [c["moving"] for c in few] == [None, True] and few[0]["window"] == [500, 1000]
+    assert few[0]["message"] == ("mu: not judged: too few records in the last 20 % of epochs to say that it has "
+                                 "settled (it moved 0.0σ between its last two, 500-1000): record more often "
+                                 "(train.checkpoint_every, train.log_every) or train longer")
     # a third record: the last two are judged as before, also where the series starts late (pruned checkpoints)
     late = stats.convergence(names, [800, 900, 1000], np.array([[1.0, 0.3], [1.0, 0.31], [1.0, 0.32]]),
                              np.array([0.01, 0.01]))
     assert [c["moving"] for c in late] == [False, True] and late[1]["z"] == pytest.approx(2.0)
-    three = stats.convergence(names, [1, 2000, 3000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.3]]),
+    three = stats.convergence(names, [1, 2500, 3000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.3]]),
                               np.array([0.01, 0.01]))
-    assert [c["moving"] for c in three] == [False, False] and three[0]["window"] == [2000, 3000]
+    assert [c["moving"] for c in three] == [False, False] and three[0]["window"] == [2500, 3000]
 
 
 def test_a_parameter_is_not_converged_while_its_valley_partner_still_moves(tmp_path):

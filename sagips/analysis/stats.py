@@ -713,8 +713,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     moved, e0, e1 = drift(epochs, s, fraction)
     pct = f"{100 * fraction:.0f} %"
     # where fewer than two checkpoints fall in the last `fraction`, the window reaches back to the last two
+    # fewer than two records in the last `fraction`: the window reaches back to the last two
+    few = len(s) >= 2 and e0 < (1.0 - fraction) * e1
     over = (f"between its last two checkpoints (too few in the last {pct} of epochs: lower train.checkpoint_every)"
-            if len(s) >= 2 and e0 < (1.0 - fraction) * e1 else f"over the last {pct} of epochs")
+            if few else f"over the last {pct} of epochs")
     # two records only (a run shorter than its record interval): the window is the whole run, and how far a fit moved
     # since its start does not say whether it has settled (seen: a 2-epoch run read "converged", its ranks unmoved
     # from the box's middle)
@@ -764,6 +766,14 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             msg = (f"{name}: not judged: its only records in the window ({e0}-{e1}) are the run's first and last, so "
                    f"its movement ({'no spread to judge it' if z is None else f'{z:.1f}σ'}) does not say whether it "
                    f"has settled: record more often (train.checkpoint_every, train.log_every) or train longer")
+        elif few and moving is False:
+            # a window that reaches back beyond the last `fraction` does not show that the end is still (seen: a
+            # 20-epoch run, a record every 5: "converged (0.0σ)" for every parameter at max|r| 0.99, its ranks
+            # unmoved from the box's middle); a movement beyond sigma there still says "still moving"
+            moving = None
+            msg = (f"{name}: not judged: too few records in the last {pct} of epochs to say that it has settled "
+                   f"(it moved {z:.1f}σ between its last two, {e0}-{e1}): record more often "
+                   f"(train.checkpoint_every, train.log_every) or train longer")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
     c = None if correlation is None else np.asarray(correlation, dtype=np.float64)
