@@ -143,7 +143,8 @@ def report(c: dict[str, Any]) -> list[str]:
         lines.append(f"- {len(left)} job(s) have parameters still moving or not judged by analyze's convergence "
                      f"diagnostic, " + ("left out above" if c["settled"] else "every job: shown above, no value "
                                         "advised") + f": {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}; "
-                     "train them longer")
+                     "train them longer (python -m sagips.analyze JOB names each parameter's reason; where it says "
+                     "too few records, lower train.checkpoint_every)")
     if c["far"]:
         lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
                      "truth: they have not reached the data's floor, which a non-closure would only hide; train "
