@@ -298,7 +298,7 @@ def describe_machine(m: dict) -> str:
 def extra_sets(parts: list[dict]) -> list[str]:
     """The --set settings the parts ran with beyond the script's own (a variant of the preset), from their commands:
     a page rebuilt with --page-only names them too."""
-    own = ("comm.inner_size=", "train.checkpoint_every=", "environment.true_params=")
+    own = ("comm.inner_size=", "train.checkpoint_every=", "environment.true_params=", "ensemble.analyze=")
     return sorted({x for p in parts for x in re.findall(r"--set (\S+)", p.get("command", "")) if not x.startswith(own)})
 
 

@@ -376,12 +376,12 @@ def _configure(r: _Run) -> None:
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
     r.job = None
-    if (args.overwrite or args.resume) and world.rank == 0 and (members > 1 or analyses_itself(r)):
+    if (args.overwrite or args.resume) and world.rank == 0:  # the last job's or run's analysis: never this one's
         import shutil
 
         from sagips.analysis import job
 
-        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)  # the last job's or run's analysis: never this one's
+        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)  # (it describes outputs replaced now)
         if os.path.isdir(old) and not os.path.islink(old):  # (a stat, not a listing: test_fsops counts them)
             shutil.rmtree(old, ignore_errors=True)
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
@@ -578,8 +578,9 @@ def independent_ranks(r: _Run) -> bool:
 
 
 def analyses_itself(r: _Run) -> bool:
-    """Does rank 0 run sagips.analyze on this run at its end? A --mode ensemble run of several ranks, one job (its
-    ranks are independent members), unless ensemble.analyze=false (a job of several members: its last member)."""
+    """Does rank 0 run sagips.analyze on this run at its end? Yes for a --mode ensemble run of several ranks that is
+    not a member of a job (its ranks are independent members), unless ensemble.analyze=false. (A job of several
+    members is analysed by its last member instead: sagips/analysis/job.py.)"""
     return independent_ranks(r) and r.members == 1 and r.world.size > 1 and r.cfg.ensemble.analyze
 
 
@@ -909,7 +910,7 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
     # is computed there once, not here too (and here, only if that analysis fails)
     itself = analyses_itself(r)
     conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), None if itself else env)
-    if conv:
+    if conv and not itself:  # (a run that analyses itself stores analyze's below, or its own with the floor)
         r.run_info["convergence"] = conv[0]
     write_run_json(r.out_dir, r.run_info)
     done = (f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
@@ -928,14 +929,15 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
-    if itself and conv:  # (an environment that logs no parameters has no p^ +- sigma to quote)
+    if itself and conv:  # (no parameters logged, or one record: nothing to judge, no p^ +- sigma to quote)
         # independent ranks: the run's p^ +- sigma and its convergence diagnostic, sagips.analyze's (issue 36), which
         # run.json then keeps, as printed
         from sagips.analysis import job
 
         summary = job.run_result(r.out_dir, comm.size, say=lambda m: print(m, flush=True))
-        if summary is not None:
-            r.run_info["convergence"] = summary["groups"][0]["convergence"]
+        groups = (summary or {}).get("groups") or [{}]
+        if groups[0].get("convergence"):
+            r.run_info["convergence"] = groups[0]["convergence"]
             write_run_json(r.out_dir, r.run_info)
             return
         conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), env)  # with the floor

@@ -344,16 +344,23 @@ def test_a_window_that_spans_the_whole_run_judges_nothing():
         got = stats.convergence(names, epochs, np.asarray(series), np.array([0.01, 0.01]))
         assert [c["moving"] for c in got] == [None, None]
         msg = got[1]["message"]
-        assert msg.startswith(f"res: not judged: its only records in the window ({epochs[0]}-{epochs[1]}) are the "
-                              f"run's first and last") and "\n" not in msg
+        assert msg.startswith(f"res: not judged: its only checkpoints in the window ({epochs[0]}-{epochs[1]}) are "
+                              f"the run's first and last") and "\n" not in msg
+        assert msg.endswith("lower train.checkpoint_every or train longer")
     # fewer than two records in the last 20 % (the window reaches back to the last two): not called converged (seen:
     # a 20-epoch run, a record every 5, "converged (0.0σ)" at max|r| 0.99), but a movement beyond σ is still moving
     few = stats.convergence(names, [1, 500, 1000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.32]]),
                             np.array([0.01, 0.01]))
     assert [c["moving"] for c in few] == [None, True] and few[0]["window"] == [500, 1000]
-    assert few[0]["message"] == ("mu: not judged: too few records in the last 20 % of epochs to say that it has "
-                                 "settled (it moved 0.0σ between its last two, 500-1000): record more often "
-                                 "(train.checkpoint_every, train.log_every) or train longer")
+    assert few[0]["message"] == ("mu: not judged: too few checkpoints in the last 20 % of epochs to say that it "
+                                 "has settled (it moved 0.0σ between its last two, 500-1000): lower "
+                                 "train.checkpoint_every or train longer")
+    # at the run end the records are metrics.jsonl's: the advice names train.log_every
+    logged = stats.convergence(names, [1, 500, 1000], np.array([[1.0, 0.3], [1.2, 0.3], [1.2, 0.32]]),
+                               np.array([0.01, 0.01]), records=("log records", "train.log_every"))
+    assert logged[0]["message"].endswith("lower train.log_every or train longer")
+    assert logged[1]["message"].startswith("res moved 2.0σ between its last two log records (too few in the last "
+                                           "20 % of epochs: lower train.log_every)")
     # a third record: the last two are judged as before, also where the series starts late (pruned checkpoints)
     late = stats.convergence(names, [800, 900, 1000], np.array([[1.0, 0.3], [1.0, 0.31], [1.0, 0.32]]),
                              np.array([0.01, 0.01]))

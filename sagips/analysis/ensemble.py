@@ -533,6 +533,10 @@ def runs_nonclosure(runs: Sequence[Run]) -> float | dict[str, float]:
     return json.loads(values.pop()) if values else 0.0
 
 
+#: the run end's series: metrics.jsonl's records (stats.convergence's `records`)
+LOG_RECORDS = ("log records", "train.log_every")
+
+
 def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality: dict[str, Any] | None,
                         names: Sequence[str] | None, env: Any = None) -> tuple[list[dict[str, Any]], str] | None:
     """The convergence diagnostic (`stats.convergence`) at the end of `sagips.run`, from what rank 0 has: the
@@ -563,7 +567,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = ("one rank: no spread to judge the movement against" if job < 2 else
                 f"member {info.get('member', 0)} of {job}, one rank: no spread of its own to judge the movement "
                 f"against")
-        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged), what
+        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, records=LOG_RECORDS), what
     # the data's error (the Cramér-Rao bound at the final p^), where the environment knows its information
     n_events = (info.get("reference_data") or {}).get("events")
     fisher = (_fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64))
@@ -577,8 +581,8 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = f"σ: the error of the mean of {len(ranks)} independent ranks (sagips.analyze, docs/analysis.md)"
         if floor is not None:
             what += ", with the data's Cramér-Rao bound as its floor"
-        return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, floor=u.cramer_rao,
-                                  correlation=corr), what)
+        return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, records=LOG_RECORDS,
+                                  floor=u.cramer_rao, correlation=corr), what)
     # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
     u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
                           np.zeros(series.shape[1]), None, True)
@@ -593,4 +597,4 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
     if floor is not None:
         what += "; the data's Cramér-Rao bound where it is larger"
     return (stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged,
-                              correlation=corr), what)
+                              records=LOG_RECORDS, correlation=corr), what)

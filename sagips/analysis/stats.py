@@ -691,7 +691,8 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
                 fraction: float = DRIFT_FRACTION, threshold: float = DRIFT_THRESHOLD,
                 advice: str = DRIFT_ADVICE, lower_bound: bool = False,
                 floor: np.ndarray | None = None, unjudged: str = UNJUDGED_ADVICE,
-                correlation: np.ndarray | None = None) -> list[dict[str, Any]]:
+                correlation: np.ndarray | None = None,
+                records: tuple[str, str] = ("checkpoints", "train.checkpoint_every")) -> list[dict[str, Any]]:
     """Per parameter: did it still move over the last `fraction` of the epochs, against `sigma` (P,), the spread
     between members (the spread part of the quotable sigma)? `series` (T, P) is the ensemble's p^ at `epochs`.
     `lower_bound`: sigma is only the spread of ranks that exchange gradients (no independent members), a lower
@@ -703,7 +704,8 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     parameters (`information_correlation`); a parameter that moved less than its sigma is not called converged while
     a partner correlated with it by `CORRELATION_WARN` or more still moves: along such a valley they move together,
     each by its own share of its sigma (seen: proxy1d after 300 of 4,000 epochs, r_0 0.6 sigma and 14 sigma from its
-    truth, r_1, +99 %, 1.4 sigma).
+    truth, r_1, +99 %, 1.4 sigma). `records`: what the series' epochs are, and the setting that makes them denser
+    (analyze's checkpoints; the run end's metrics.jsonl records, train.log_every).
 
     One dict per parameter: name, moved (physical units), sigma (what it is judged against), z = |moved|/sigma
     (None without one), moving (bool, or None when it cannot be judged), window [first, last epoch], message (one
@@ -712,10 +714,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     s = np.asarray(series, dtype=np.float64)
     moved, e0, e1 = drift(epochs, s, fraction)
     pct = f"{100 * fraction:.0f} %"
-    # where fewer than two checkpoints fall in the last `fraction`, the window reaches back to the last two
+    noun, setting = records
     # fewer than two records in the last `fraction`: the window reaches back to the last two
     few = len(s) >= 2 and e0 < (1.0 - fraction) * e1
-    over = (f"between its last two checkpoints (too few in the last {pct} of epochs: lower train.checkpoint_every)"
+    over = (f"between its last two {noun} (too few in the last {pct} of epochs: lower {setting})"
             if few else f"over the last {pct} of epochs")
     # two records only (a run shorter than its record interval): the window is the whole run, and how far a fit moved
     # since its start does not say whether it has settled (seen: a 2-epoch run read "converged", its ranks unmoved
@@ -763,17 +765,16 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
                        f"spread, which is only a lower bound of σ here: to judge it, {unjudged}")
         if whole:
             moving = None
-            msg = (f"{name}: not judged: its only records in the window ({e0}-{e1}) are the run's first and last, so "
+            msg = (f"{name}: not judged: its only {noun} in the window ({e0}-{e1}) are the run's first and last, so "
                    f"its movement ({'no spread to judge it' if z is None else f'{z:.1f}σ'}) does not say whether it "
-                   f"has settled: record more often (train.checkpoint_every, train.log_every) or train longer")
+                   f"has settled: lower {setting} or train longer")
         elif few and moving is False:
             # a window that reaches back beyond the last `fraction` does not show that the end is still (seen: a
             # 20-epoch run, a record every 5: "converged (0.0σ)" for every parameter at max|r| 0.99, its ranks
             # unmoved from the box's middle); a movement beyond sigma there still says "still moving"
             moving = None
-            msg = (f"{name}: not judged: too few records in the last {pct} of epochs to say that it has settled "
-                   f"(it moved {z:.1f}σ between its last two, {e0}-{e1}): record more often "
-                   f"(train.checkpoint_every, train.log_every) or train longer")
+            msg = (f"{name}: not judged: too few {noun} in the last {pct} of epochs to say that it has settled "
+                   f"(it moved {z:.1f}σ between its last two, {e0}-{e1}): lower {setting} or train longer")
         out.append({"name": name, "moved": mv, "sigma": sg, "z": z, "moving": moving, "window": [e0, e1],
                     "message": msg})
     c = None if correlation is None else np.asarray(correlation, dtype=np.float64)
