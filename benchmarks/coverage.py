@@ -373,6 +373,11 @@ def replica(args: argparse.Namespace, case: str, k: int, work: Path, env: dict) 
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
+def judged_cell(row: dict) -> str:
+    """The replicas analyze did not judge, beside those still moving (neither counts as settled)."""
+    return f" (+{row['not_judged']} not judged)" if row.get("not_judged") else ""
+
+
 def train(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
     """Run a replica's training job (benchmarks/jobs.py): a stopped study stops it and waits for it before its work
     directory goes."""
@@ -422,7 +427,9 @@ def stats_of(recs: list[dict]) -> list[dict]:
                "cover1": float(np.mean(np.abs(pull[fin]) <= 1)),
                "covered1": int(np.sum(np.abs(pull[fin]) <= 1)), "finite": int(fin.sum()),
                "cover2": float(np.mean(np.abs(pull[fin]) <= 2)),
-               "moving": int(sum(bool(r["moving"][i]) for r in recs)), "ratio": None, "ml_pull_width": None,
+               "moving": int(sum(bool(r["moving"][i]) for r in recs)),
+               # None: analyze judged nothing (too few records, or a valley partner still moving)
+               "not_judged": int(sum(r["moving"][i] is None for r in recs)), "ratio": None, "ml_pull_width": None,
                "gan_err_rms": float(np.sqrt(np.mean((p - t) ** 2))), "ml_err_rms": None}
         mls = [r["ml"] for r in recs]
         mp = np.array([m["p"][i] for m in mls])
@@ -851,7 +858,7 @@ def groups_tables(recs: list[dict], label: str) -> list[str]:
                          f"{row['gan_err_rms'] / row['ml_err_rms'] if row['ml_err_rms'] else float('nan'):.2f} | "
                          f"{_f(row['ml_pull_width'], '.2f')} | {typical_cell(row.get('typical'))} | "
                          f"{_f(row['noise_over_sigma'], '.2f')} | "
-                         f"{row['moving']}/{row['n']} | {verdict} |")
+                         f"{row['moving']}/{row['n']}{judged_cell(row)} | {verdict} |")
         nl = nonclosure_line(rows)
         lines += ["", nl] if nl else []
         lines.append("")

@@ -487,6 +487,10 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
         assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.19, rel=1e-12)  # (measured without it)
     line = coverage.nonclosure_line(coverage.stats_of(recs))
     assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.09 bounds" in line
+    recs[0]["moving"], recs[1]["moving"] = [None, True], [None, False]  # not judged is neither moving nor settled
+    a_row, b_row = coverage.stats_of(recs)
+    assert (a_row["moving"], a_row["not_judged"], b_row["moving"], b_row["not_judged"]) == (0, 2, 1, 0)
+    assert coverage.judged_cell(a_row) == " (+2 not judged)" and coverage.judged_cell(b_row) == ""
     recs[0]["gan"]["nonclosure"] = 0.0  # records made with two values: the line says so, never their mean
     assert "Applied to σ above: varies by record (0; 1.09 bounds)." in coverage.nonclosure_line(
         coverage.stats_of(recs))
