@@ -479,6 +479,8 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
     for i in range(2):
         assert coverage.sigma_now(recs[0], i) == pytest.approx(math.sqrt(1.25) * b[i], rel=1e-12)
         assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.44 + 1 - 1.25, rel=1e-12)
+        # against the truth: errors (0.3 +- 1.2) bounds, half 1.5 and half 0.9 wide: (2.25 + 0.81) / 2 - 1.25
+        assert coverage.nonclosure_sq(recs, i, against="truth") == pytest.approx(1.53 - 1.25, rel=1e-12)
     for r in recs:
         r["gan"]["nonclosure"] = math.sqrt(1.19)
     for i in range(2):
@@ -487,6 +489,7 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
         assert coverage.nonclosure_sq(recs, i) == pytest.approx(1.19, rel=1e-12)  # (measured without it)
     line = coverage.nonclosure_line(coverage.stats_of(recs))
     assert "a 1.09, b 1.09; over all parameters 1.09" in line and "Applied to σ above: 1.09 bounds" in line
+    assert "sagips.closure measures it" in line and "a 0.53, b 0.53; over all parameters 0.53" in line
     recs[0]["moving"], recs[1]["moving"] = [None, True], [None, False]  # not judged is neither moving nor settled
     a_row, b_row = coverage.stats_of(recs)
     assert (a_row["moving"], a_row["not_judged"], b_row["moving"], b_row["not_judged"]) == (0, 2, 1, 0)
