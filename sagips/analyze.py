@@ -284,12 +284,15 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
     for i, pname in enumerate(summary["parameters"]):
         label = f"r̂_{i}" if pname == f"r_{i}" else f"r̂ ({pname})"
         cells = [f"{g['final']['residual_1e3'][i]:.1f}" + (f" ± {g['final']['residual_sigma_1e3'][i]:.1f}"
-                                                            if g["n_runs"] > 1 else " (one run: no spread)")
+                                                            if g["n_runs"] > 1 else " (one run: no spread between runs)")
                  for g in groups]
         lines.append(f"| {label} | {truth[i]:g} | " + " | ".join(cells) + " |")
     lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
     lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" if g["n_runs"] > 1
-                                                       else "n/a" for g in groups) + " |")
+                                                       else "n/a (one run)" for g in groups) + " |")
+    if any(g["n_runs"] < 2 for g in groups):
+        lines += ["", "A group of one run has no spread between runs here; the error to quote, with the spread "
+                      "between its ranks where they are independent members (`--mode ensemble`), is p̂ ± σ above."]
     lines += ["", "## Groups", "",
               ("| group | runs (M) | modes | ranks per run | last common epoch | training time at it [s] | "
                "analysis rate, eq. 9 [events/s] |"), "|---|---:|---|---|---:|---:|---:|"]
@@ -384,8 +387,9 @@ def t_note(u: dict[str, Any]) -> str:
     k95 = [k for k, d in zip(u["k95"], u["dof"]) if d is not None]
     if not dof:
         return "the intervals are ±σ and ±2σ"
-    def rng(v, f):  # "a-b", or one value where both show the same
-        lo, hi = format(min(v), f), format(max(v), f)
+    def rng(v, f):  # "a-b", or one value where both show the same; the dof of a sigma that the known parts (the
+        # data's floor, the non-closure) set are huge and say nothing more than "over 100"
+        lo, hi = (format(x, f) if f != ".0f" or x < 100 else "over 100" for x in (min(v), max(v)))
         return lo if lo == hi else f"{lo}-{hi}"
 
     caveat = (" (but see the note below: σ holds no statistical error)"

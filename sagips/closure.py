@@ -63,7 +63,7 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
         if u.cramer_rao is None:
             raise AnalysisError(f"{d}: the data's Cramér-Rao bound is not known for this environment, and the "
                                 f"non-closure is a number of bounds: a closure test needs a density, or a "
-                                f"simulator of 1-D events")
+                                f"simulator of events of 1 to 3 columns")
         these = [c["name"] for c in conv]
         if names is not None and these != names:
             raise AnalysisError(f"{d}: parameters {these} differ from the first job's {names}")

@@ -149,12 +149,15 @@ class ParametricConfig:
                 raise ConfigError(f"{key}: low must be < high, got [{lo}, {hi}]")
             bounds[n] = [lo, hi]
         truth = self._by_name("environment.true_params", self.true_params, self.env_truth)
+        given = self._by_name("environment.true_params", self.true_params, dict.fromkeys(self.env_truth))
         for n, t in truth.items():
             key = f"environment.true_params.{n}"
             t = truth[n] = self._number(key, t)
             lo, hi = bounds[n]
             if not lo <= t <= hi:
-                raise ConfigError(f"{key}: {t} is outside the bounds [{lo}, {hi}] of parameter {n}")
+                where = (key if given[n] not in (None, self.env_truth[n]) else  # (else the class's own truth)
+                         f"the environment class's true_params[{n!r}] (environment.true_params.{n} not changed)")
+                raise ConfigError(f"{where}: {t} is outside the bounds [{lo}, {hi}] of parameter {n}")
             if t == 0:
                 raise ConfigError(f"{key}: must be non-zero (the residuals (p - p^)/p divide by it)")
         self.bounds, self.true_params = bounds, truth
@@ -210,7 +213,8 @@ class ParametricEnvironment(Environment):
             raise TypeError(f"{where}.true_params: expected a mapping with the names of `parameters`, in their order "
                             f"({', '.join(params)})")
         if not isinstance(getattr(cls, "name", None), str):
-            raise TypeError(f"{where}.name: expected the environment's registered name (a string)")
+            raise TypeError(f"{where}.name: expected the environment's registered name (a string; a base class "
+                            f"that environments share defines no `parameters`, and each environment its own)")
         has_density = cls.density is not ParametricEnvironment.density
         has_simulate = cls.simulate is not ParametricEnvironment.simulate
         if has_density == has_simulate:
@@ -320,8 +324,9 @@ class ParametricEnvironment(Environment):
             return (f"{got}: no columns per event; does simulate read more uniforms from u than n_uniforms = "
                     f"{self.n_uniforms or self.event_width}? (set the class attribute n_uniforms)")
         if ev.ndim == 3 and got[:2] == want[:2]:
-            return (f"{got}: {got[2]} columns per event, but event_width = {self.event_width} (set the class "
-                    f"attribute event_width = {got[2]})")
+            return (f"{got}: {got[2]} column(s) per event, but event_width = {self.event_width}: return "
+                    f"{self.event_width} columns per event, or, if the events have {got[2]}, set the class attribute "
+                    f"event_width = {got[2]}")
         return f"{got}"
 
     def _check_density(self, f: Any, p: torch.Tensor, x: torch.Tensor) -> None:

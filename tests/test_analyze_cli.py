@@ -124,8 +124,9 @@ def test_cli_writes_every_file(analysis):
     assert "| r̂_5 |" in md and "![analysis_rate](analysis_rate.png)" in md
     # the Table IV table: the 2-run group with its members' spread, the single run with none (not "± 0.0")
     row = next(line for line in md.splitlines() if line.startswith("| r̂_0 |")).split(" | ")
-    assert " ± " in row[2] and row[3].endswith("(one run: no spread) |") and " ± " not in row[3]
-    assert next(line for line in md.splitlines() if line.startswith("| mean σ_i/abs(p_i) |")).endswith("| n/a |")
+    assert " ± " in row[2] and row[3].endswith("(one run: no spread between runs) |") and " ± " not in row[3]
+    assert next(line for line in md.splitlines() if line.startswith("| mean σ_i/abs(p_i) |")).endswith("| n/a (one run) |")
+    assert "A group of one run has no spread between runs here" in md
 
 
 def test_csv_matches_json(analysis):

@@ -88,7 +88,8 @@ def test_presets_and_defaults_travel_with_the_environment(site):
     ("true_params.b", "0", r"^environment.true_params.b: must be non-zero"),
     ("true_params.c", "x", r"^environment.true_params.c: expected a finite number, got 'x'$"),
     ("bounds.c", "[2, 1]", r"^environment.bounds.c: low must be < high, got \[2.0, 1.0\]$"),
-    ("bounds.a", "[2.0, 3.0]", r"^environment.true_params.a: 1.7 is outside the bounds \[2.0, 3.0\] of parameter a$"),
+    ("bounds.a", "[2.0, 3.0]", r"^the environment class's true_params\['a'\] \(environment.true_params.a not changed\): "
+                               r"1.7 is outside the bounds \[2.0, 3.0\] of parameter a$"),
 ])
 def test_parametric_config_errors_name_the_parameter(site, key, value, message):
     with pytest.raises(ConfigError, match=message):

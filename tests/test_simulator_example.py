@@ -119,7 +119,8 @@ class Uniforms2(ParametricEnvironment):
     (Flat, r"got \(6,\): the right number of values, return them as \.reshape\(u\.shape\[0\], u\.shape\[1\], 1\)$"),
     (Uniforms3, r"got \(2, 3, 0\): no columns per event; does simulate read more uniforms from u than n_uniforms = 2\? "
                 r"\(set the class attribute n_uniforms\)$"),
-    (Wide2, r"got \(2, 3, 2\): 2 columns per event, but event_width = 1 \(set the class attribute event_width = 2\)$"),
+    (Wide2, r"got \(2, 3, 2\): 2 column\(s\) per event, but event_width = 1: return 1 columns per event, or, if the "
+            r"events have 2, set the class attribute event_width = 2$"),
     (Listy, r"got a list \(return a torch tensor\)$"),
     (Uniforms2, r"got \(2, 3, 0\): no columns per event; does simulate read more uniforms from u than n_uniforms = 1\? "
                 r"\(set the class attribute n_uniforms\)$"),

@@ -141,6 +141,10 @@ def test_a_range_that_rounds_to_one_value_is_shown_once():
          "k95": [2.31, 2.36]}
     note = t_note(u)
     assert "parts, 7)" in note and "±1.08σ" in note and "±2.31-2.36σ" in note, note
+    # a sigma that its known parts (the data's floor) set has huge dof: said as such, not as 216-795934889
+    note = t_note(dict(u, n_members=2, dof=[216.4, 7.9e8], k68=[1.0, 1.0], k95=[1.97, 2.0]))
+    assert "parts, over 100)" in note and "795" not in note, note
+    assert "parts, 7-over 100)" in t_note(dict(u, dof=[7.2, 3e5])), t_note(dict(u, dof=[7.2, 3e5]))
 
 
 def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
@@ -706,9 +710,12 @@ def test_the_nonclosure_adds_a_known_systematic_in_quadrature():
                             nonclosure={"y": 0.7}, names=["x", "y"])
     np.testing.assert_allclose(one.sigma, [base.sigma[0], u.sigma[1]], rtol=1e-12)
     assert any("non-closure) of y 0.7 × the data's" in n for n in one.notes)
-    with pytest.raises(ValueError, match="names 'z', which is not a parameter here"):
+    with pytest.raises(ValueError, match="^analysis.nonclosure names 'z', which is not a parameter here"):
         stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound, nonclosure={"z": 1},
                           names=["x", "y"])
+    with pytest.raises(ValueError, match="^--nonclosure names 'z'"):  # the flag the user typed, not the setting
+        stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, bound=bound, nonclosure={"z": 1},
+                          names=["x", "y"], nonclosure_from="--nonclosure")
     plain = stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5, True, nonclosure=0.7)
     np.testing.assert_allclose(plain.sigma, stats.uncertainty(values, np.full(2, np.nan), 1, np.zeros(2), 0.5,
                                                               True).sigma, rtol=1e-12)

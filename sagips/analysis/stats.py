@@ -368,8 +368,8 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
         spread, source = np.zeros_like(p_hat), "none"
         notes.append("one generator: no spread, sigma is the drift alone; train several members")
     mc = np.zeros_like(p_hat) if sampling is None else np.abs(np.asarray(sampling, dtype=np.float64))
+    given = nonclosure_factors(nonclosure, names, len(p_hat), nonclosure_from).any()  # (first: its name errors)
     nc = nonclosure_part(nonclosure, bound, names)
-    given = nonclosure_factors(nonclosure, names, len(p_hat)).any()
     if given and nc is None:
         notes.append(f"the non-closure {nonclosure_text(nonclosure)} ({nonclosure_from}) is a number of the data's "
                      "Cramér-Rao bounds, which are not known here: not applied, so σ holds no systematic of the "
@@ -437,15 +437,17 @@ def nonclosure_terms(sq_error: np.ndarray, sigma: np.ndarray, bound: np.ndarray)
             / np.asarray(bound, dtype=np.float64) ** 2)
 
 
-def nonclosure_factors(nonclosure: float | Mapping[str, float], names: Sequence[str] | None, n: int) -> np.ndarray:
+def nonclosure_factors(nonclosure: float | Mapping[str, float], names: Sequence[str] | None, n: int,
+                       key: str = "analysis.nonclosure") -> np.ndarray:
     """`analysis.nonclosure` as one number of bounds per parameter (n,): a number for all, or a mapping of parameter
-    names to numbers (those left out: 0; a name that is not a parameter: ValueError, one line)."""
+    names to numbers (those left out: 0; a name that is not a parameter: ValueError, one line that names `key`, the
+    setting or flag it came from)."""
     if not isinstance(nonclosure, Mapping):
         return np.full(n, float(nonclosure or 0.0))
     names = list(names) if names is not None else [f"r_{i}" for i in range(n)]
     unknown = [k for k in nonclosure if k not in names]
     if unknown:
-        raise ValueError(f"analysis.nonclosure names {unknown[0]!r}, which is not a parameter here "
+        raise ValueError(f"{key} names {unknown[0]!r}, which is not a parameter here "
                          f"({', '.join(names)})")
     return np.array([float(nonclosure.get(k, 0.0)) for k in names])
 
