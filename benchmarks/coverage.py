@@ -670,7 +670,7 @@ def parts_now(r: dict, i: int, nonclosure: float | dict[str, float] | None = Non
                            len(g["p_hat"] if "p_hat" in g else g["drift"]))[i]  # (this parameter's, in bounds)
     nc = nonclosure_part(float(f), None if bound is None else np.array([bound]))
     sigma = compose_sigma(np.array([spread]), np.array([drift]), np.array([mc]), g["spread_from"] == "members",
-                          nc)[0]
+                          nc, None if bound is None else np.array([bound]))[0]
     if sampled is None:  # (a floor that replaced the members' part is known, not sampled)
         sampled = 0.0 if floored else (g["members"][i] or 0.0) if g["spread_from"] == "members" else spread
     return float(sigma[0]) or math.nan, spread, floored, sampled

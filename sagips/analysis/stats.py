@@ -149,6 +149,13 @@ def confidence_ellipse(x: np.ndarray, y: np.ndarray, level: float = 0.95) -> dic
 DRIFT_FRACTION = 0.2
 #: a parameter that moved more than this many sigma over the last DRIFT_FRACTION of the epochs is "still moving"
 DRIFT_THRESHOLD = 1.0
+#: ... or more than this many of the data's Cramér-Rao bounds, where the bound is known: members that disagree widely
+#: make sigma wide, and a movement small against it can still be a fit far from settled at the data's precision
+#: (seen: a new user's detector resolution, a member still climbing 2-4 bounds over the last 20 % from an early
+#: collapse, the mean 0.8 sigma and 1.7-2.1 bounds: "converged", 3-4 sigma_ML below the ML fit; of the calibrated
+#: profiles at today's defaults, 1 parameter of 180 toy1d records moves more than 1.5 bounds where its spread does not
+#: already call it moving, none of proxy1d's 480 or smear1d's 40)
+DRIFT_BOUNDS = 1.5
 #: what the diagnostic tells a user whose parameter still moves
 DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
 #: what to do where nothing judges the movement (one rank, or ranks that exchange): more members, then analyze
@@ -379,7 +386,7 @@ def uncertainty(member_values: np.ndarray, rank_sigma: np.ndarray, n_ranks: int,
                      f"data's "
                      f"Cramér-Rao bound ({nonclosure_from}; a calibration on data of known truth measures it: "
                      "docs/analysis.md)")
-    sigma, added = compose_sigma(spread, dr, mc, source == "members", nc)
+    sigma, added = compose_sigma(spread, dr, mc, source == "members", nc, bound)
     u = Uncertainty(p_hat, sigma, spread, members, scatter, ranks, dr, mc, added, m, factor, source, notes)
     u.nonclosure = np.zeros_like(p_hat) if nc is None else nc
     u.cramer_rao, u.floored = (None if bound is None else np.asarray(bound, dtype=np.float64)), floored
@@ -418,12 +425,13 @@ def split_scatter(scatter: np.ndarray, bound: np.ndarray, seen: float, n_members
 
 
 def compose_sigma(spread: np.ndarray, drift: np.ndarray, sampling: np.ndarray, from_members: bool,
-                  nonclosure: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(sigma, drift added (P,) bool): sigma = sqrt(spread^2 + drift^2 [where `drift_in_sigma`] + sampling^2
-    + nonclosure^2) (`nonclosure_part`; None: 0)."""
+                  nonclosure: np.ndarray | None = None, bound: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(sigma, drift added (P,) bool): sigma = sqrt(spread^2 + drift^2 [where `drift_in_sigma`, with the data's
+    Cramér-Rao `bound` where known] + sampling^2 + nonclosure^2) (`nonclosure_part`; None: 0)."""
     sp, dr, mc = (np.abs(np.asarray(v, dtype=np.float64)) for v in (spread, drift, sampling))
     nc = np.zeros_like(sp) if nonclosure is None else np.abs(np.asarray(nonclosure, dtype=np.float64))
-    added = drift_in_sigma(dr, sp, from_members)
+    added = drift_in_sigma(dr, sp, from_members, bound=bound)
     return np.sqrt(sp ** 2 + np.where(added, dr, 0.0) ** 2 + mc ** 2 + nc ** 2), added
 
 
@@ -511,9 +519,10 @@ def spread_with_floor(members: np.ndarray, floor: np.ndarray, holds_statistics: 
 
 
 def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
-                   threshold: float = DRIFT_THRESHOLD) -> np.ndarray:
+                   threshold: float = DRIFT_THRESHOLD, bound: np.ndarray | None = None) -> np.ndarray:
     """(P,) bool: is the drift a part of sigma? Yes where the parameter still moves (`convergence`: more than
-    `threshold` x the members' spread), or where the spread is not from independent members (a lower bound, so
+    `threshold` x the members' spread, or more than DRIFT_BOUNDS x the data's Cramér-Rao `bound` where it is
+    known), or where the spread is not from independent members (a lower bound, so
     nothing can be judged against it). No where it moved less: a movement inside the spread is the training noise
     that the spread already holds, and its square, added again, would inflate sigma even for a parameter that has
     stopped (the drift of a 2-checkpoint window is the difference of two noisy means; benchmarks/coverage.py)."""
@@ -522,7 +531,8 @@ def drift_in_sigma(drift: np.ndarray, spread: np.ndarray, from_members: bool,
     if not from_members:
         return np.ones(d.shape, dtype=bool)
     ok = np.isfinite(sp) & (sp > 0)
-    return ~ok | (d > threshold * np.where(ok, sp, 0.0))
+    b = np.full(d.shape, np.nan) if bound is None else np.abs(np.asarray(bound, dtype=np.float64))
+    return ~ok | (d > threshold * np.where(ok, sp, 0.0)) | (np.isfinite(b) & (d > DRIFT_BOUNDS * b))
 
 
 #: |correlation| of two parameters in the data's Fisher information above which analyze warns (toy1d: a-b 0.97)
@@ -753,6 +763,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             moving = z > threshold
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}): {advice}" if moving else
                    f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1})")
+            if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and abs(mv) > DRIFT_BOUNDS * fl:
+                moving = True  # (drift_in_sigma adds it to sigma alike)
+                msg = (f"{name} moved {abs(mv) / fl:.1f} Cramér-Rao bounds of the data ({z:.1f}σ; the members' "
+                       f"spread is wide) {over} ({e0}-{e1}): it has not settled at the data's precision: {advice}")
             if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and sg > FAR_FROM_FLOOR * fl:
                 # members far apart (the rule of `above_cramer_rao`'s note; seen: 17-44x after 50 epochs, each
                 # member still near its start): a movement small against their spread says nothing of convergence
