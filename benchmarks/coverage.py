@@ -428,7 +428,8 @@ def stats_of(recs: list[dict]) -> list[dict]:
                "covered1": int(np.sum(np.abs(pull[fin]) <= 1)), "finite": int(fin.sum()),
                "cover2": float(np.mean(np.abs(pull[fin]) <= 2)),
                "moving": int(sum(bool(r["moving"][i]) for r in recs)),
-               # None: analyze judged nothing (too few records, or a valley partner still moving)
+               # None: analyze judged nothing (too few records, a valley partner still moving, members far apart,
+               # no spread, or a movement beyond a lower bound of sigma)
                "not_judged": int(sum(r["moving"][i] is None for r in recs)), "ratio": None, "ml_pull_width": None,
                "gan_err_rms": float(np.sqrt(np.mean((p - t) ** 2))), "ml_err_rms": None}
         mls = [r["ml"] for r in recs]

@@ -389,8 +389,8 @@ def t_note(u: dict[str, Any]) -> str:
         return "the intervals are ±σ and ±2σ"
     def rng(v, f):  # "a-b", or one value where both show the same; the dof of a sigma that the known parts (the
         # data's floor, the non-closure) set are huge and say nothing more than "over 100"
-        lo, hi = (format(x, f) if f != ".0f" or x < 100 else "over 100" for x in (min(v), max(v)))
-        return lo if lo == hi else f"{lo}-{hi}"
+        lo, hi = (format(x, f) if f != ".0f" or round(x) <= 100 else "over 100" for x in (min(v), max(v)))
+        return lo if lo == hi else f"{lo} to {hi}" if hi == "over 100" else f"{lo}-{hi}"
 
     caveat = (" (but see the note below: σ holds no statistical error)"
               if any(stats.NO_STATISTICS in n for n in u["notes"]) else "")

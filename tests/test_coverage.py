@@ -272,8 +272,11 @@ def test_the_pages_sigma_is_analyzes_rule_from_a_records_parts():
     from sagips.analysis import stats
 
     values = np.array([[1.0, 10.0], [1.001, 10.4], [0.999, 9.6], [1.0, 10.0]])
-    bound, drift, mc = np.array([0.05, 0.05]), np.array([0.0, 0.3]), np.array([0.01, 0.02])
+    bound, drift, mc = np.array([0.05, 0.05]), np.array([0.0, 0.12]), np.array([0.01, 0.02])
     u = stats.uncertainty(values, np.full(2, np.nan), 1, drift, 0.5, True, mc, bound=bound)
+    # the second's drift is under its spread but 2.4 bounds: in sigma by the bounds rule (stats.DRIFT_BOUNDS), which
+    # parts_now must apply with the record's bound as analyze does
+    assert u.spread[1] > drift[1] > stats.DRIFT_BOUNDS * bound[1] and u.drift_added.tolist() == [False, True]
     rec = {"subset_fraction": 0.5, "profile": {"set": [], "members": 4},
            "gan": {"spread_from": "members", "members": u.members.tolist(), "scatter": u.scatter.tolist(),
                    "drift": drift.tolist(), "sampling": mc.tolist(), "n_members": 4, "cramer_rao": bound.tolist(),

@@ -144,7 +144,8 @@ def test_a_range_that_rounds_to_one_value_is_shown_once():
     # a sigma that its known parts (the data's floor) set has huge dof: said as such, not as 216-795934889
     note = t_note(dict(u, n_members=2, dof=[216.4, 7.9e8], k68=[1.0, 1.0], k95=[1.97, 2.0]))
     assert "parts, over 100)" in note and "795" not in note, note
-    assert "parts, 7-over 100)" in t_note(dict(u, dof=[7.2, 3e5])), t_note(dict(u, dof=[7.2, 3e5]))
+    assert "parts, 7 to over 100)" in t_note(dict(u, dof=[7.2, 3e5])), t_note(dict(u, dof=[7.2, 3e5]))
+    assert "parts, 100)" in t_note(dict(u, dof=[99.7, 100.3]))  # (one value when both round to it)
 
 
 def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
@@ -257,7 +258,8 @@ def test_the_data_error_judges_only_a_lower_bound_and_only_where_it_is_larger():
     series = np.stack([np.full(len(epochs), 1.0), 0.3 + 1e-4 * epochs], 1)  # res moves 0.02 over the last 20 %
     floor = np.array([0.005, 0.005])
     # the ranks' spread (0.03) is larger than the data's error: judged against it, converged
-    ranks = stats.convergence(["mu", "res"], epochs, series, np.array([0.03, 0.03]), lower_bound=True, floor=floor)
+    ranks = stats.convergence(["mu", "res"], epochs, series, np.array([0.03, 0.03]), lower_bound=True,
+                              floor=np.array([0.02, 0.02]))  # (1 bound: under stats.DRIFT_BOUNDS)
     assert ranks[1]["moving"] is False and ranks[1]["sigma"] == pytest.approx(0.03) and "ranks' spread" in \
         ranks[1]["message"]
     # independent members (no lower bound): the members' spread is sigma, the bound does not enter
@@ -393,6 +395,9 @@ def test_a_fit_that_still_moves_by_bounds_of_the_data_is_not_converged_whatever_
         "res moved 2.5 Cramér-Rao bounds of the data (0.8σ; the members' spread is wide) over the last 20 % of epochs "
         "(800-1000): it has not settled at the data's precision: train longer, or raise environment.events_per_sample")
     assert [c["moving"] for c in stats.convergence(["res", "mu"], epochs, series, spread)] == [False, False]
+    # one run of exchanging ranks whose spread is wide (a lower bound of sigma): the same rule
+    ranks = stats.convergence(["res", "mu"], epochs, series, spread, lower_bound=True, floor=b)
+    assert [c["moving"] for c in ranks] == [True, False] and "Cramér-Rao bounds" in ranks[0]["message"], ranks
     moved = np.array([2.5e-3, 1.2e-3])
     sigma, added = stats.compose_sigma(spread, moved, np.zeros(2), True, bound=b)
     assert added.tolist() == [True, False]

@@ -750,6 +750,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             moving = z > threshold
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}; σ {what}): {advice}" if moving
                    else f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1}; σ {what})")
+            if not moving and abs(mv) > DRIFT_BOUNDS * fl:  # (a wide spread of ranks: as for members below)
+                moving = True
+                msg = (f"{name} moved {abs(mv) / fl:.1f} Cramér-Rao bounds of the data ({z:.1f}σ; σ {what}) {over} "
+                       f"({e0}-{e1}): it has not settled at the data's precision: {advice}")
         elif len(s) < 2:
             z, moving = None, None
             msg = f"{name}: too few checkpoints to judge whether it still moves (keep train.checkpoint_every small)"
