@@ -740,6 +740,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
         mv, sg = float(moved[i]), float(np.asarray(sigma, dtype=np.float64)[i])
         last = float(s[-1, i])
         fl = float(np.asarray(floor, dtype=np.float64)[i]) if floor is not None else math.nan
+
+        def bounds_moved(why: str) -> str:  # (the DRIFT_BOUNDS rule's message, for ranks and members alike)
+            return (f"{name} moved {abs(mv) / fl:.1f} Cramér-Rao bounds of the data ({z:.1f}σ; {why}) {over} "
+                    f"({e0}-{e1}): it has not settled at the data's precision: {advice}")
         if lower_bound and len(s) >= 2 and math.isfinite(fl) and fl > 0:
             # one run of exchanging ranks of a density: against the larger of its ranks' spread and its data's error
             # (toy1d: single runs still walking along the valley by 1-2 sigma_ML over the last 20 %)
@@ -751,9 +755,7 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}; σ {what}): {advice}" if moving
                    else f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1}; σ {what})")
             if not moving and abs(mv) > DRIFT_BOUNDS * fl:  # (a wide spread of ranks: as for members below)
-                moving = True
-                msg = (f"{name} moved {abs(mv) / fl:.1f} Cramér-Rao bounds of the data ({z:.1f}σ; σ {what}) {over} "
-                       f"({e0}-{e1}): it has not settled at the data's precision: {advice}")
+                moving, msg = True, bounds_moved(f"σ {what}")
         elif len(s) < 2:
             z, moving = None, None
             msg = f"{name}: too few checkpoints to judge whether it still moves (keep train.checkpoint_every small)"
@@ -768,9 +770,7 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             msg = (f"{name} moved {z:.1f}σ {over} ({e0}-{e1}): {advice}" if moving else
                    f"{name}: converged (moved {z:.1f}σ {over}, {e0}-{e1})")
             if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and abs(mv) > DRIFT_BOUNDS * fl:
-                moving = True  # (drift_in_sigma adds it to sigma alike)
-                msg = (f"{name} moved {abs(mv) / fl:.1f} Cramér-Rao bounds of the data ({z:.1f}σ; the members' "
-                       f"spread is wide) {over} ({e0}-{e1}): it has not settled at the data's precision: {advice}")
+                moving, msg = True, bounds_moved("the members' spread is wide")  # (drift_in_sigma adds it alike)
             if not moving and not lower_bound and math.isfinite(fl) and fl > 0 and sg > FAR_FROM_FLOOR * fl:
                 # members far apart (the rule of `above_cramer_rao`'s note; seen: 17-44x after 50 epochs, each
                 # member still near its start): a movement small against their spread says nothing of convergence
