@@ -213,6 +213,8 @@ def profile(args: argparse.Namespace, case: str) -> dict:
         prof["sized"] = SIZED
     if critic_scaled(case):  # the critic on the data's scale from CRITIC_SCALED_FROM on: the same
         prof["critic"] = CRITIC
+    if point_by_default(args, case):  # a point generator at lr_g 3e-4 from POINT_FROM on: the same
+        prof["point"] = POINT
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
     prof["id"] = hashlib.sha256(json.dumps(prof, sort_keys=True).encode()).hexdigest()[:12]
@@ -231,6 +233,12 @@ def sized_by_default(args: argparse.Namespace, case: str) -> bool:
     (environment.events_per_sample=auto, 64 x 3), none of them named in --set."""
     keys = ("environment.events_per_sample=", "environment.hidden=", "environment.layers=")
     return case in PARAMETRIC and not any(s.startswith(keys) for s in args.set)
+
+
+def point_by_default(args: argparse.Namespace, case: str) -> bool:
+    """Whether a ParametricEnvironment case trains a generator of one point at the generator's rate of today's
+    defaults (environment.noise_scale 0, train.lr_g 3e-4), neither of them named in --set."""
+    return case in PARAMETRIC and not any(s.startswith(("environment.noise_scale=", "train.lr_g=")) for s in args.set)
 
 
 def critic_scaled(case: str) -> bool:
@@ -542,6 +550,12 @@ SIZED = "events_per_sample=auto, 64x3"
 #: the commit from which a ParametricEnvironment's critic sees standardised events with kinks at them
 CRITIC_SCALED_FROM = "6ac22ee"
 CRITIC = "data's scale, kinks at the events"
+#: the commit from which a ParametricEnvironment's generator predicts one point (environment.noise_scale 0, was 0.01)
+#: and trains at train.lr_g 3e-4 (was 1e-3, the critic's rate)
+POINT_FROM = "(this commit)"
+POINT = "noise_scale=0, lr_g=3e-4"
+#: the --set settings that restate it
+POINT_SET = ("environment.noise_scale=0", "train.lr_g=3e-4")
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
 
@@ -567,7 +581,9 @@ def defaults_of(prof: dict) -> str:
     """The heading's words for the defaults a ParametricEnvironment profile ran, each a profile of its own."""
     return "".join(text for key, text in (("g_start", ", members started apart (the default)"),
                                           ("sized", ", batch sized from the data (the default)"),
-                                          ("critic", ", critic on the data's scale (the default)")) if key in prof)
+                                          ("critic", ", critic on the data's scale (the default)"),
+                                          ("point", ", a generator of one point at lr_g 3e-4 (the default)"))
+                   if key in prof)
 
 
 def floor_table(case: str, pid: str, prof: dict, rs: list[dict], label: str = "") -> list[str]:
@@ -714,8 +730,8 @@ def calibration_verdict(row: dict) -> str:
 #: its own, ran the shipped defaults; tests/test_coverage.py checks each against the library)
 #: (proxy1d's preset has trained the generator at 3e-4 since the twenty-fourth session; its records at the earlier 1e-3,
 #: with no --set, are superseded in coverage/preset_lr_g1e-3/)
-SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}",),
-                   "toy1d": (f"environment.g_start={STARTED_APART}", "environment.precondition=fisher"),
+SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}", *POINT_SET),
+                   "toy1d": (f"environment.g_start={STARTED_APART}", "environment.precondition=fisher", *POINT_SET),
                    "proxy1d": ("train.lr_g=3e-4",)}
 
 
@@ -738,6 +754,8 @@ def at_defaults(case: str, prof: dict) -> bool:
         return False
     if "sized" not in prof or "critic" not in prof:  # before the batch was sized, or the critic scaled, by the data
         return False
+    if "point" not in prof and not all(s in prof["set"] for s in POINT_SET):  # a generator spread over its noise,
+        return False  # or at the critic's rate
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 
 
@@ -979,7 +997,13 @@ def page(out: Path) -> str:
              "their own (the heading says `critic on the data's scale`); only they count as today's defaults. Before "
              "the ensembles were run again, one run on each of the five data sets of smear1d's and toy1d's one-run "
              "profiles ended as near the truth as with the raw critic (rms 0.83, 1.32 and 1.15-1.31 σ_ML against "
-             "0.81, 1.47 and 1.15-1.59; coverage.notes.md, twenty-fifth session).", ""]
+             "0.81, 1.47 and 1.15-1.59; coverage.notes.md, twenty-fifth session).", "",
+             f"From commit {POINT_FROM} on, a ParametricEnvironment's generator predicts one point "
+             "(`environment.noise_scale=0`, was 0.01) and trains at `train.lr_g=3e-4` (was 1e-3, the critic's rate): "
+             "a spread of predicted locations made a width end low, and at equal rates a width collapsed mid-run "
+             "(coverage.notes.md, thirty-fifth session). Those profiles are their own (the heading says `a generator "
+             "of one point`), as are those that restate both settings in --set; only they count as today's "
+             "defaults.", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += summary(recs) + groups_tables(recs, "")

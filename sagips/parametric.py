@@ -95,9 +95,10 @@ class ParametricConfig:
         f"{AUTO_EVENTS_RANGE[1]}] ({AUTO_EVENTS_RANGE[0]} without a weight average); sagips.run prints and records "
         "the value (docs/environments.md)", min=1)
     noise_dim: int = opt(0, "generator noise dimension (0 = the number of parameters)", min=0)
-    noise_scale: float = opt(0.01, "standard deviation of the generator's Gaussian noise; small values make the "
-                             "generator nearly one point, so that its mean prediction is not the mean of a broad "
-                             "mixture over p", min=0.0)
+    noise_scale: float = opt(0.0, "standard deviation of the generator's Gaussian noise; 0: the generator predicts "
+                             "one point. Above 0 a trained generator spreads its predictions, and events from a spread "
+                             "of locations look like one location with a wider width, so that the mean prediction of a "
+                             "width ends low (docs/environments.md)", min=0.0)
     g_out_scale: float = opt(0.1, "scale of the generator's output-layer weights at initialisation (small: every "
                              "noise vector starts near one point, the run's start; see g_start)", min=0.0)
     g_start: float = opt(0.8, "spread of the generator's starting point: s in (0, 1) starts each run at a random "
@@ -192,11 +193,13 @@ class ParametricEnvironment(Environment):
     Config: ClassVar[type] = ParametricConfig
     datasets: ClassVar[dict[str, int]] = {"events": 1}
     #: training settings that converge in minutes for a few parameters (beneath any preset; `config_defaults` of
-    #: sagips.Environment): large learning rates that decay to 10%, Adam beta2 0.99, frequent logs, and the
+    #: sagips.Environment): large learning rates that decay to 10%, the generator's 3x below the critic's (at equal
+    #: rates a width fell mid-run in 4 of 8 members of a new user's problem and climbed back too slowly to end at its
+    #: floor; coverage.notes.md, thirty-fifth session), Adam beta2 0.99, frequent logs, and the
     #: generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last steps' swings),
     #: and a checkpoint every tenth of the epochs (the convergence diagnostic's last 20 % holds 3 of them)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {
-        "train": {"epochs": 2000, "lr_g": 1e-3, "lr_d": 1e-3, "lr_final": 0.1, "beta2": 0.99, "ema": 0.995,
+        "train": {"epochs": 2000, "lr_g": 3e-4, "lr_d": 1e-3, "lr_final": 0.1, "beta2": 0.99, "ema": 0.995,
                   "log_every": 50, "checkpoint_every": 200, "state_every": 250},
         "comm": {"outer_every": 1},
     }

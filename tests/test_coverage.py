@@ -123,9 +123,10 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     """From coverage.STARTED_APART_FROM on, smear1d's and toy1d's members start apart by default: a profile without an
     environment.g_start setting is then a profile of its own (id and record names), so that a rerun never takes the
     records that the same settings made at the box's middle for its own."""
-    from sagips.parametric import ParametricConfig
+    from sagips.parametric import ParametricConfig, ParametricEnvironment
 
     assert ParametricConfig().g_start == coverage.STARTED_APART  # the page's claim is the library's default
+    assert ParametricConfig().noise_scale == 0 and ParametricEnvironment.config_defaults["train"]["lr_g"] == 3e-4
     args = coverage.parse_args(["--case", "smear1d", "--out", str(tmp_path)])
     new = coverage.profile(args, "smear1d")
     assert new["g_start"] == 0.8
@@ -135,19 +136,28 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     sized = coverage.profile(explicit, "toy1d")  # the batch sized from the data (SIZED_FROM on): a profile apart
     assert sized["sized"] == coverage.SIZED and sized["id"] != "0e92873fcb71"
     assert sized["critic"] == coverage.CRITIC  # the critic on the data's scale (CRITIC_SCALED_FROM on): the same
+    assert sized["point"] == coverage.POINT  # a generator of one point at lr_g 3e-4 (POINT_FROM on): the same
     with monkeypatch.context() as m:  # as before the batch was sized from the data and the critic scaled by it
         m.setattr(coverage, "sized_by_default", lambda a, case: False)
         m.setattr(coverage, "critic_scaled", lambda case: False)
+        m.setattr(coverage, "point_by_default", lambda a, case: False)
         assert coverage.profile(explicit, "toy1d")["id"] == "0e92873fcb71"  # an explicit start: its records' id
     named = coverage.parse_args(["--case", "smear1d", "--set", "environment.events_per_sample=100", "--out",
                                  str(tmp_path)])
     assert "sized" not in coverage.profile(named, "smear1d")  # a batch named in --set: not today's defaults
+    restated = coverage.parse_args(["--case", "smear1d", *(a for s in coverage.POINT_SET for a in ("--set", s)),
+                                    "--out", str(tmp_path)])
+    assert "point" not in coverage.profile(restated, "smear1d")  # restated in --set: a profile of its own, at defaults
+    assert coverage.at_defaults("smear1d", coverage.profile(restated, "smear1d"))
+    assert not coverage.at_defaults("smear1d", coverage.profile(coverage.parse_args(
+        ["--case", "smear1d", "--set", "environment.noise_scale=0", "--out", str(tmp_path)]), "smear1d"))
     proxy = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
-    assert not {"g_start", "critic"} & set(coverage.profile(proxy, "proxy1d"))  # not a ParametricEnvironment
+    assert not {"g_start", "critic", "point"} & set(coverage.profile(proxy, "proxy1d"))  # not a ParametricEnvironment
     assert coverage.record_path(tmp_path, proxy, "proxy1d", 0).name == "proxy1d-000.json"
     monkeypatch.setattr(coverage, "started_apart", lambda a, case: False)  # as before the defaults changed
     monkeypatch.setattr(coverage, "sized_by_default", lambda a, case: False)
     monkeypatch.setattr(coverage, "critic_scaled", lambda case: False)
+    monkeypatch.setattr(coverage, "point_by_default", lambda a, case: False)
     assert coverage.profile(args, "smear1d")["id"] == "6acd8c3da6b4" != new["id"]  # the middle start's records
     assert coverage.record_path(tmp_path, args, "smear1d", 3).name == "smear1d-003.json"
 
@@ -157,11 +167,11 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     members started apart (and toy1d preconditioned), the batch sized from the data, no other setting; and says
     'not measured' where none did. The records on disk are from before the batch and the critic's scale came from the
     data: here they pose as made after both (their profiles marked `sized` and `critic`); as they are, none is at
-    today's defaults, nor with only one of the two marks."""
+    today's defaults, nor without all three marks (the third: a generator of one point at lr_g 3e-4)."""
     from pathlib import Path
 
     from sagips.config import load
-    from sagips.parametric import DensityConfig, ParametricConfig
+    from sagips.parametric import DensityConfig, ParametricConfig, ParametricEnvironment
 
     for case, sets in coverage.SAME_AS_DEFAULT.items():  # each restated setting is the library's or preset's today
         preset = load(str(Path(coverage.ROOT) / coverage.CASES[case][0])) if case == "proxy1d" else None
@@ -170,9 +180,11 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
             section, name = key.split(".", 1)
             if preset is not None:  # proxy1d: the setting of its preset, configs/proxy1d-quick.yaml
                 assert getattr(getattr(preset, section), name) == float(value), s
+            elif section == "train":  # a ParametricEnvironment's training default (config_defaults)
+                assert ParametricEnvironment.config_defaults["train"][name] == float(value), s
             else:
                 cfg = DensityConfig() if case == "toy1d" else ParametricConfig()
-                assert str(getattr(cfg, name)) == value, s
+                assert str(getattr(cfg, name)) == value or getattr(cfg, name) == float(value), s
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
 
     def records(name):
@@ -182,6 +194,8 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
             r["profile"]["sized"] = coverage.SIZED
             assert not coverage.at_defaults(r["case"], r["profile"])  # sized, but the critic on raw events
             r["profile"]["critic"] = coverage.CRITIC
+            assert not coverage.at_defaults(r["case"], r["profile"])  # a generator spread over its noise, at 1e-3
+            r["profile"]["point"] = coverage.POINT
         return rs
 
     default, middle = records("smear1d-3ae62d8d97a4"), records("smear1d")  # started apart / at the box's middle
@@ -435,6 +449,8 @@ def test_profiles_that_differ_only_in_their_data_seeds_pool_in_the_summary(monke
 
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
     rs = [json.loads(p.read_text()) for p in sorted(folder.glob("smear1d-8f7da98cea43-[0-9][0-9][0-9].json"))]
+    for r in rs:  # made before the generator of one point became the default: posing as made after
+        r["profile"]["point"] = coverage.POINT
     assert len(rs) >= 12 and coverage.at_defaults("smear1d", rs[0]["profile"])
     first, second = copy.deepcopy(rs[:6]), copy.deepcopy(rs[4:10])  # two studies; seeds 1004 and 1005 in both
     for r in second:
