@@ -63,6 +63,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -236,9 +237,26 @@ def sized_by_default(args: argparse.Namespace, case: str) -> bool:
 
 
 def point_by_default(args: argparse.Namespace, case: str) -> bool:
-    """Whether a ParametricEnvironment case trains a generator of one point at the generator's rate of today's
-    defaults (environment.noise_scale 0, train.lr_g 3e-4), neither of them named in --set."""
-    return case in PARAMETRIC and not any(s.startswith(("environment.noise_scale=", "train.lr_g=")) for s in args.set)
+    """Whether a ParametricEnvironment case takes environment.noise_scale or train.lr_g from the defaults, which
+    changed at POINT_FROM (to a generator of one point at 3e-4): then its profile is marked apart from those that
+    ran before with the same --set. With both in --set, training does not depend on the defaults: no mark."""
+    named = {s.split("=", 1)[0] for s in args.set}
+    return case in PARAMETRIC and not {k.split("=", 1)[0] for k in POINT_SET} <= named
+
+
+def restates(setting: str, default: str) -> bool:
+    """Whether --set `setting` ("key=value") restates `default`: the same key and the same value as YAML reads it
+    (environment.noise_scale=0.0 restates environment.noise_scale=0, train.lr_g=0.0003 restates train.lr_g=3e-4)."""
+    (k, v), (dk, dv) = setting.split("=", 1), default.split("=", 1)
+    if k != dk:
+        return False
+    a, b = yaml.safe_load(v), yaml.safe_load(dv)
+    if isinstance(a, str) or isinstance(b, str):  # (YAML reads 3e-4 as a string: numbers compare as floats)
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            return a == b
+    return a == b
 
 
 def critic_scaled(case: str) -> bool:
@@ -740,8 +758,9 @@ def at_defaults(case: str, prof: dict) -> bool:
     or noise batch of the study), the members started apart (a ParametricEnvironment: by the default, which implies
     code from after the preconditioner became the default, or by --set), for toy1d the Fisher preconditioner (by
     --set, or by that same code), and, for a ParametricEnvironment, the batch sized from the data with networks of
-    64 x 3 (code from SIZED_FROM on, nothing of them in --set)."""
-    if any(s not in SAME_AS_DEFAULT.get(case, ()) for s in prof["set"]):
+    64 x 3 (code from SIZED_FROM on, nothing of them in --set), and a generator of one point at lr_g 3e-4 (code from
+    POINT_FROM on, or both restated in --set)."""
+    if any(not any(restates(s, d) for d in SAME_AS_DEFAULT.get(case, ())) for s in prof["set"]):
         return False
     d = parse_args([])  # the study's own defaults: the data's size, and p^ on the final noise batch
     if prof.get("events") is not None or prof["noise_samples"] != d.noise_samples or prof.get(
@@ -754,8 +773,9 @@ def at_defaults(case: str, prof: dict) -> bool:
         return False
     if "sized" not in prof or "critic" not in prof:  # before the batch was sized, or the critic scaled, by the data
         return False
-    if "point" not in prof and not all(s in prof["set"] for s in POINT_SET):  # a generator spread over its noise,
-        return False  # or at the critic's rate
+    named = {s.split("=", 1)[0] for s in prof["set"]}  # (each restates a default: checked above)
+    if "point" not in prof and not {d.split("=", 1)[0] for d in POINT_SET} <= named:  # before POINT_FROM: a
+        return False  # generator spread over its noise, at the critic's rate
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 
 

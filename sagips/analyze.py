@@ -97,7 +97,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="noise vectors per generator at every checkpoint, the same for every generator (default 1024)")
     p.add_argument("--final-noise-samples", type=_positive_int, default=16384, metavar="K",
                    help="noise vectors for the quoted p̂ ± σ at the last checkpoint (default 16384): a generator "
-                        "maps its noise to a spread of parameters, so p̂ carries a Monte-Carlo error that falls as "
+                        "with noise (proxy1d; a ParametricEnvironment with environment.noise_scale > 0) maps it to a "
+                        "spread of parameters, so p̂ carries a Monte-Carlo error that falls as "
                         "1/sqrt(K) "
                         "(the column `noise`)"),
     p.add_argument("--group-by", choices=GROUP_KEYS, default="mode",

@@ -68,7 +68,7 @@ class Environment(abc.ABC):
     #: presets that travel with the environment: name -> a config mapping (the sections of a --config YAML) or a
     #: YAML file name relative to the environment's module; chosen with `sagips.run --config ENV:NAME`
     presets: ClassVar[dict[str, Any]] = {}
-    #: config defaults of this environment beneath any preset, e.g. {"train": {"epochs": 2000, "lr_g": 1e-3}}
+    #: config defaults of this environment beneath any preset, e.g. {"train": {"epochs": 2000, "lr_g": 3e-4}}
     #: (without them a new environment starts from the paper's proxy 1D training settings)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
     #: every rank runs `generate_reference` itself (cheap generators); False: rank 0 runs it and broadcasts the data

@@ -149,8 +149,19 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
                                     "--out", str(tmp_path)])
     assert "point" not in coverage.profile(restated, "smear1d")  # restated in --set: a profile of its own, at defaults
     assert coverage.at_defaults("smear1d", coverage.profile(restated, "smear1d"))
-    assert not coverage.at_defaults("smear1d", coverage.profile(coverage.parse_args(
-        ["--case", "smear1d", "--set", "environment.noise_scale=0", "--out", str(tmp_path)]), "smear1d"))
+
+    def one(setting):  # a profile that names one of the two settings takes the other from the defaults: marked
+        return coverage.profile(coverage.parse_args(["--case", "smear1d", "--set", setting, "--out", str(tmp_path)]),
+                                "smear1d")
+
+    assert one("environment.noise_scale=0.0")["point"] == coverage.POINT  # (its value as YAML reads it)
+    assert coverage.at_defaults("smear1d", one("environment.noise_scale=0.0"))
+    assert coverage.at_defaults("smear1d", one("train.lr_g=0.0003"))
+    now = one("train.lr_g=1e-3")
+    assert not coverage.at_defaults("smear1d", now)  # the old rate: not today's defaults
+    with monkeypatch.context() as m:  # the same --set before the defaults changed (a spread generator): another id
+        m.setattr(coverage, "point_by_default", lambda a, case: False)
+        assert one("train.lr_g=1e-3")["id"] != now["id"]
     proxy = coverage.parse_args(["--case", "proxy1d", "--out", str(tmp_path)])
     assert not {"g_start", "critic", "point"} & set(coverage.profile(proxy, "proxy1d"))  # not a ParametricEnvironment
     assert coverage.record_path(tmp_path, proxy, "proxy1d", 0).name == "proxy1d-000.json"
