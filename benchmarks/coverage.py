@@ -214,7 +214,7 @@ def profile(args: argparse.Namespace, case: str) -> dict:
         prof["sized"] = SIZED
     if critic_scaled(case):  # the critic on the data's scale from CRITIC_SCALED_FROM on: the same
         prof["critic"] = CRITIC
-    if point_by_default(args, case):  # a point generator at lr_g 3e-4 from POINT_FROM on: the same
+    if point_by_default(args, case):  # a point generator (a simulator at lr_g 3e-4) from POINT_FROM on: the same
         prof["point"] = POINT
     if max(args.final_noise_samples, args.noise_samples) != args.noise_samples:  # (profiles from before it existed
         prof["final_noise_samples"] = max(args.final_noise_samples, args.noise_samples)  # had p^ on noise_samples)
@@ -238,10 +238,11 @@ def sized_by_default(args: argparse.Namespace, case: str) -> bool:
 
 def point_by_default(args: argparse.Namespace, case: str) -> bool:
     """Whether a ParametricEnvironment case takes environment.noise_scale or train.lr_g from the defaults, which
-    changed at POINT_FROM (to a generator of one point at 3e-4): then its profile is marked apart from those that
-    ran before with the same --set. With both in --set, training does not depend on the defaults: no mark."""
+    changed at POINT_FROM (to a generator of one point, a simulator's at 3e-4): then its profile is marked apart
+    from those that ran before with the same --set. With both in --set, training does not depend on the defaults: no
+    mark."""
     named = {s.split("=", 1)[0] for s in args.set}
-    return case in PARAMETRIC and not {k.split("=", 1)[0] for k in POINT_SET} <= named
+    return case in PARAMETRIC and not set(POINT_KEYS) <= named
 
 
 def restates(setting: str, default: str) -> bool:
@@ -571,9 +572,11 @@ CRITIC = "data's scale, kinks at the events"
 #: the commit from which a ParametricEnvironment's generator predicts one point (environment.noise_scale 0, was 0.01)
 #: and trains at train.lr_g 3e-4 (was 1e-3, the critic's rate)
 POINT_FROM = "a42842f"
-POINT = "noise_scale=0, lr_g=3e-4"
+POINT = "noise_scale=0; a simulator at lr_g=3e-4"
+POINT_KEYS = ("environment.noise_scale", "train.lr_g")
 #: the --set settings that restate it
-POINT_SET = ("environment.noise_scale=0", "train.lr_g=3e-4")
+POINT_SET = {"smear1d": ("environment.noise_scale=0", "train.lr_g=3e-4"),  # a simulator
+             "toy1d": ("environment.noise_scale=0", "train.lr_g=1e-3")}  # a density (its rate did not change)
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
 
@@ -600,7 +603,7 @@ def defaults_of(prof: dict) -> str:
     return "".join(text for key, text in (("g_start", ", members started apart (the default)"),
                                           ("sized", ", batch sized from the data (the default)"),
                                           ("critic", ", critic on the data's scale (the default)"),
-                                          ("point", ", a generator of one point at lr_g 3e-4 (the default)"))
+                                          ("point", ", a generator of one point (the default)"))
                    if key in prof)
 
 
@@ -748,8 +751,9 @@ def calibration_verdict(row: dict) -> str:
 #: its own, ran the shipped defaults; tests/test_coverage.py checks each against the library)
 #: (proxy1d's preset has trained the generator at 3e-4 since the twenty-fourth session; its records at the earlier 1e-3,
 #: with no --set, are superseded in coverage/preset_lr_g1e-3/)
-SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}", *POINT_SET),
-                   "toy1d": (f"environment.g_start={STARTED_APART}", "environment.precondition=fisher", *POINT_SET),
+SAME_AS_DEFAULT = {"smear1d": (f"environment.g_start={STARTED_APART}", *POINT_SET["smear1d"]),
+                   "toy1d": (f"environment.g_start={STARTED_APART}", "environment.precondition=fisher",
+                             *POINT_SET["toy1d"]),
                    "proxy1d": ("train.lr_g=3e-4",)}
 
 
@@ -774,7 +778,7 @@ def at_defaults(case: str, prof: dict) -> bool:
     if "sized" not in prof or "critic" not in prof:  # before the batch was sized, or the critic scaled, by the data
         return False
     named = {s.split("=", 1)[0] for s in prof["set"]}  # (each restates a default: checked above)
-    if "point" not in prof and not {d.split("=", 1)[0] for d in POINT_SET} <= named:  # before POINT_FROM: a
+    if "point" not in prof and not set(POINT_KEYS) <= named:  # before POINT_FROM: a
         return False  # generator spread over its noise, at the critic's rate
     return case != "toy1d" or by_default or "environment.precondition=fisher" in prof["set"]
 
@@ -1019,11 +1023,11 @@ def page(out: Path) -> str:
              "profiles ended as near the truth as with the raw critic (rms 0.83, 1.32 and 1.15-1.31 σ_ML against "
              "0.81, 1.47 and 1.15-1.59; coverage.notes.md, twenty-fifth session).", "",
              f"From commit {POINT_FROM} on, a ParametricEnvironment's generator predicts one point "
-             "(`environment.noise_scale=0`, was 0.01) and trains at `train.lr_g=3e-4` (was 1e-3, the critic's rate): "
-             "a spread of predicted locations made a width end low, and at equal rates a width collapsed mid-run "
-             "(coverage.notes.md, thirty-fifth session). Those profiles are their own (the heading says `a generator "
-             "of one point`), as are those that restate both settings in --set; only they count as today's "
-             "defaults.", ""]
+             "(`environment.noise_scale=0`, was 0.01), and a simulator's (smear1d's) trains at `train.lr_g=3e-4` "
+             "(was 1e-3, the critic's rate; a density's, toy1d's, keeps 1e-3): a spread of predicted locations made "
+             "a width end low, and at equal rates a width collapsed mid-run (coverage.notes.md, thirty-fifth "
+             "session). Those profiles are their own (the heading says `a generator of one point`), as are those "
+             "that restate both settings in --set; only they count as today's defaults.", ""]
     if not recs:
         lines += ["No replica has finished yet.", ""]
     lines += summary(recs) + groups_tables(recs, "")

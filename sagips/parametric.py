@@ -193,9 +193,10 @@ class ParametricEnvironment(Environment):
     Config: ClassVar[type] = ParametricConfig
     datasets: ClassVar[dict[str, int]] = {"events": 1}
     #: training settings that converge in minutes for a few parameters (beneath any preset; `config_defaults` of
-    #: sagips.Environment): large learning rates that decay to 10%, the generator's 3x below the critic's (at equal
-    #: rates a width fell mid-run in 4 of 8 members of a new user's problem and climbed back too slowly to end at its
-    #: floor; coverage.notes.md, thirty-fifth session), Adam beta2 0.99, frequent logs, and the
+    #: sagips.Environment): large learning rates that decay to 10%, a simulator's generator 3x below the critic (at
+    #: equal rates a width fell mid-run in 5 of 12 members of a new user's problem and climbed back too slowly to end
+    #: at its floor; coverage.notes.md, thirty-fifth session; a density keeps DENSITY_LR_G), Adam beta2 0.99, frequent
+    #: logs, and the
     #: generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last steps' swings),
     #: and a checkpoint every tenth of the epochs (the convergence diagnostic's last 20 % holds 3 of them)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {
@@ -203,6 +204,10 @@ class ParametricEnvironment(Environment):
                   "log_every": 50, "checkpoint_every": 200, "state_every": 250},
         "comm": {"outer_every": 1},
     }
+    #: train.lr_g of the density form (its generator steps through the Fisher preconditioner by default): at 3e-4
+    #: toy1d's members stopped short of the bottom of its valley after 2,000 epochs (coverage.notes.md, thirty-fifth
+    #: session)
+    DENSITY_LR_G: ClassVar[float] = 1e-3
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -223,6 +228,9 @@ class ParametricEnvironment(Environment):
         if has_density == has_simulate:
             raise TypeError(f"{where}: define exactly one of density(self, p, x) and simulate(self, p, u)")
         cls.pipeline_method = "density" if has_density else "simulate"
+        if has_density and cls.config_defaults is ParametricEnvironment.config_defaults:  # (not the class's own)
+            base = ParametricEnvironment.config_defaults
+            cls.config_defaults = {**base, "train": {**base["train"], "lr_g": cls.DENSITY_LR_G}}
         for attr in ("event_width", "n_uniforms"):
             v = getattr(cls, attr, None)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):

@@ -136,7 +136,7 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     sized = coverage.profile(explicit, "toy1d")  # the batch sized from the data (SIZED_FROM on): a profile apart
     assert sized["sized"] == coverage.SIZED and sized["id"] != "0e92873fcb71"
     assert sized["critic"] == coverage.CRITIC  # the critic on the data's scale (CRITIC_SCALED_FROM on): the same
-    assert sized["point"] == coverage.POINT  # a generator of one point at lr_g 3e-4 (POINT_FROM on): the same
+    assert sized["point"] == coverage.POINT  # a generator of one point (POINT_FROM on): the same
     with monkeypatch.context() as m:  # as before the batch was sized from the data and the critic scaled by it
         m.setattr(coverage, "sized_by_default", lambda a, case: False)
         m.setattr(coverage, "critic_scaled", lambda case: False)
@@ -145,8 +145,8 @@ def test_profiles_started_apart_by_default_never_resume_older_records(tmp_path, 
     named = coverage.parse_args(["--case", "smear1d", "--set", "environment.events_per_sample=100", "--out",
                                  str(tmp_path)])
     assert "sized" not in coverage.profile(named, "smear1d")  # a batch named in --set: not today's defaults
-    restated = coverage.parse_args(["--case", "smear1d", *(a for s in coverage.POINT_SET for a in ("--set", s)),
-                                    "--out", str(tmp_path)])
+    restate = [a for s in coverage.POINT_SET["smear1d"] for a in ("--set", s)]
+    restated = coverage.parse_args(["--case", "smear1d", *restate, "--out", str(tmp_path)])
     assert "point" not in coverage.profile(restated, "smear1d")  # restated in --set: a profile of its own, at defaults
     assert coverage.at_defaults("smear1d", coverage.profile(restated, "smear1d"))
 
@@ -191,8 +191,9 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
             section, name = key.split(".", 1)
             if preset is not None:  # proxy1d: the setting of its preset, configs/proxy1d-quick.yaml
                 assert getattr(getattr(preset, section), name) == float(value), s
-            elif section == "train":  # a ParametricEnvironment's training default (config_defaults)
-                assert ParametricEnvironment.config_defaults["train"][name] == float(value), s
+            elif section == "train":  # a ParametricEnvironment's training default (a density's own lr_g)
+                own = {"lr_g": ParametricEnvironment.DENSITY_LR_G} if case == "toy1d" else {}
+                assert own.get(name, ParametricEnvironment.config_defaults["train"][name]) == float(value), s
             else:
                 cfg = DensityConfig() if case == "toy1d" else ParametricConfig()
                 assert str(getattr(cfg, name)) == value or getattr(cfg, name) == float(value), s

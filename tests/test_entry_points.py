@@ -66,9 +66,10 @@ def test_environment_keys_without_a_name(site):
 def test_presets_and_defaults_travel_with_the_environment(site):
     cfg = load("toy1d:quick", ["train.epochs=7"])
     assert cfg.mode == "rma-arar-arar" and cfg.environment.name == "toy1d" and cfg.train.epochs == 7
-    assert cfg.train.lr_g == 3e-4 and cfg.train.lr_d == 1e-3 and cfg.comm.outer_every == 1  # its config_defaults
+    assert cfg.train.lr_g == 1e-3 and cfg.train.lr_d == 1e-3 and cfg.comm.outer_every == 1  # its config_defaults
+    # (a density keeps lr_g 1e-3: ParametricEnvironment.DENSITY_LR_G; a simulator's is 3e-4)
     plain = load(None, ["environment.name=toy1d", "train.lr_d=5e-4"])
-    assert plain.train.lr_g == 3e-4 and plain.train.lr_d == 5e-4 and plain.train.epochs == 2000
+    assert plain.train.lr_g == 1e-3 and plain.train.lr_d == 5e-4 and plain.train.epochs == 2000
     paper = load(None, [])  # proxy1d ships no defaults: the paper's settings
     assert paper.train.lr_g == 1e-5 and paper.train.epochs == 100_000
     with pytest.raises(ConfigError, match=r"^--config toy1d:fast: environment 'toy1d' ships no preset 'fast' "

@@ -193,6 +193,10 @@ def test_the_generator_predicts_one_point_by_default(smear):
     np.testing.assert_allclose(env.predict(G, 16), p[0].tolist(), rtol=1e-6)
     p = trained(noise_scale=0.01)[2]
     assert (p.std(0) > 0).all()
+    from sagips.config import load  # and a simulator's generator trains 3x slower than its critic
+
+    cfg = load("smear1d:quick")
+    assert cfg.environment.noise_scale == 0 and (cfg.train.lr_g, cfg.train.lr_d) == (3e-4, 1e-3)
 
 
 @pytest.mark.parametrize("key, hint", [
