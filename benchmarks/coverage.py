@@ -63,7 +63,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -248,16 +247,15 @@ def point_by_default(args: argparse.Namespace, case: str) -> bool:
 def restates(setting: str, default: str) -> bool:
     """Whether --set `setting` ("key=value") restates `default`: the same key and the same value as YAML reads it
     (environment.noise_scale=0.0 restates environment.noise_scale=0, train.lr_g=0.0003 restates train.lr_g=3e-4)."""
-    (k, v), (dk, dv) = setting.split("=", 1), default.split("=", 1)
+    from sagips.config import parse_set
+
+    (k, a), (dk, b) = parse_set(setting), parse_set(default)
     if k != dk:
         return False
-    a, b = yaml.safe_load(v), yaml.safe_load(dv)
-    if isinstance(a, str) or isinstance(b, str):  # (YAML reads 3e-4 as a string: numbers compare as floats)
-        try:
-            return float(a) == float(b)
-        except (TypeError, ValueError):
-            return a == b
-    return a == b
+    try:  # (numbers compare as floats: YAML reads 3e-4 as a string, which the config coerces)
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
 
 
 def critic_scaled(case: str) -> bool:
@@ -573,10 +571,10 @@ CRITIC = "data's scale, kinks at the events"
 #: and trains at train.lr_g 3e-4 (was 1e-3, the critic's rate)
 POINT_FROM = "a42842f"
 POINT = "noise_scale=0; a simulator at lr_g=3e-4"
-POINT_KEYS = ("environment.noise_scale", "train.lr_g")
 #: the --set settings that restate it
 POINT_SET = {"smear1d": ("environment.noise_scale=0", "train.lr_g=3e-4"),  # a simulator
              "toy1d": ("environment.noise_scale=0", "train.lr_g=1e-3")}  # a density (its rate did not change)
+POINT_KEYS = tuple(s.split("=", 1)[0] for s in POINT_SET["smear1d"])
 #: the cases whose environment is a ParametricEnvironment (they have environment.g_start)
 PARAMETRIC = ("smear1d", "toy1d")
 

@@ -196,9 +196,8 @@ class ParametricEnvironment(Environment):
     #: sagips.Environment): large learning rates that decay to 10%, a simulator's generator 3x below the critic (at
     #: equal rates a width fell mid-run in 5 of 12 members of a new user's problem and climbed back too slowly to end
     #: at its floor; coverage.notes.md, thirty-fifth session; a density keeps DENSITY_LR_G), Adam beta2 0.99, frequent
-    #: logs, and the
-    #: generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last steps' swings),
-    #: and a checkpoint every tenth of the epochs (the convergence diagnostic's last 20 % holds 3 of them)
+    #: logs, the generator's weight average (train.ema 0.995, ~200 epochs: the checkpoints do not follow the last
+    #: steps' swings), and a checkpoint every tenth of the epochs (the convergence diagnostic's last 20 % holds 3)
     config_defaults: ClassVar[dict[str, dict[str, Any]]] = {
         "train": {"epochs": 2000, "lr_g": 3e-4, "lr_d": 1e-3, "lr_final": 0.1, "beta2": 0.99, "ema": 0.995,
                   "log_every": 50, "checkpoint_every": 200, "state_every": 250},
