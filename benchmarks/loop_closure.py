@@ -82,8 +82,10 @@ def ml_fit(events: np.ndarray, norms: np.ndarray, cfg, start: np.ndarray) -> np.
     return ml_fit_counts(*_binned(events, cfg), norms, cfg, start)
 
 
-def ml_fit_counts(x: torch.Tensor, counts: torch.Tensor, norms: np.ndarray, cfg, start: np.ndarray) -> np.ndarray:
-    """`ml_fit` on the events' counts (2, bins) in the bins of the theory's grid x (`_binned`)."""
+def ml_fit_counts(x: torch.Tensor, counts: torch.Tensor, norms: np.ndarray, cfg, start: np.ndarray,
+                  ftol: float = 1e-14) -> np.ndarray:
+    """`ml_fit` on the events' counts (2, bins) in the bins of the theory's grid x (`_binned`). ftol: SLSQP's goal on
+    the NLL per event; 1e-11 moves a fit of 1M events by at most ~0.05 of its bound and takes a third of the time."""
     from scipy import optimize
 
     n_tot = counts.sum()
@@ -106,7 +108,7 @@ def ml_fit_counts(x: torch.Tensor, counts: torch.Tensor, norms: np.ndarray, cfg,
     bounds = list(zip(np.array(cfg.param_min) + 1e-3, np.array(cfg.param_max) - 1e-3))
     res = optimize.minimize(nll, start, jac=True, method="SLSQP", bounds=bounds,
                             constraints=[{"type": "eq", "fun": cons, "jac": cons_jac}],
-                            options={"maxiter": 500, "ftol": 1e-14})
+                            options={"maxiter": 500, "ftol": ftol})
     return res.x
 
 
