@@ -13,6 +13,7 @@ The `environment` section is typed by the environment itself: `environment.name`
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -23,6 +24,21 @@ import yaml
 # ConfigError is re-exported; it is defined apart so that sagips.environment needs no import of this module, which
 # imports the environment registry
 from sagips.errors import ConfigError  # noqa: F401
+
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader, but only true/false are booleans (as in YAML 1.2): YAML 1.1 also reads on/off/yes/no (and y/n
+    in some tools) as booleans, which turned `--set label=yes` into the label 'on'. A boolean key still takes them
+    (`_coerce`)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+_BOOL_WORDS = {"on": True, "yes": True, "off": False, "no": False}
 
 MODES = ("ensemble", "allreduce", "arar", "arar-arar", "rma-arar-arar", "hvd")
 #: the modes with inner groups and outer epochs (comm.inner_size, comm.outer_every, comm.outer_sync)
@@ -239,6 +255,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is Any:
         return value
     if tp is bool:
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:  # YAML 1.1's booleans, read as strings here
+            value = _BOOL_WORDS[value.lower()]
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
         return value
@@ -263,7 +281,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return value
     if tp is str:
-        if isinstance(value, bool):  # YAML 1.1 reads on/off (and yes/no, true/false) as booleans
+        if isinstance(value, bool):  # `true`/`false` where a string is expected (e.g. `train.compile: true`)
             value = "on" if value else "off"
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -352,7 +370,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
     except Exception as e:  # YAMLError, and what PyYAML lets through: ValueError (date 2001-13-45), KeyError (!!bool x)
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"--set {key}: value {raw!r} is not valid YAML ({detail})") from None
@@ -362,7 +380,7 @@ def parse_set(item: str) -> tuple[list[str], Any]:
 def load_yaml(path: str) -> dict:
     try:
         with open(path) as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=_Loader)  # a SafeLoader (above)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
     except OSError as e:  # a directory, no permission, ...
@@ -463,7 +481,6 @@ def preset(spec: str) -> dict:
 def is_preset(config_file: str) -> bool:
     """`ENV:NAME` (no such file, one colon, no path separators): a preset shipped by an environment."""
     import os
-    import re
 
     return not os.path.exists(config_file) and re.fullmatch(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+", config_file) is not None
 

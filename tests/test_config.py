@@ -32,6 +32,22 @@ def test_set_values_are_yaml():
     assert parse_set("a.b=[1, 2]") == (["a", "b"], [1, 2])
 
 
+def test_yes_no_on_off_are_words_except_where_a_boolean_is_expected(tmp_path):
+    """YAML 1.1 reads on/off/yes/no as booleans: a label `yes` became 'on', and `--set train.amp=no` was told it
+    got 'off'. Config values read them as words (YAML 1.2: only true/false are booleans); a boolean key still takes
+    them, from --set and from a file."""
+    assert parse_set("label=yes") == (["label"], "yes") and parse_set("a=No") == (["a"], "No")
+    assert parse_set("a=true") == (["a"], True) and parse_set("a=FALSE") == (["a"], False)
+    cfg = load(None, ["label=yes", "train.progress=off", "comm.exchange_bias=Yes"])
+    assert cfg.label == "yes" and cfg.train.progress is False and cfg.comm.exchange_bias is True
+    with pytest.raises(ConfigError, match="train.amp: must be one of .*, got 'no'$"):
+        load(None, ["train.amp=no"])
+    f = tmp_path / "c.yaml"
+    f.write_text("label: on\ntrain:\n  progress: no\n  fused_adam: on\n")
+    cfg = load(str(f))
+    assert cfg.label == "on" and cfg.train.progress is False and cfg.train.fused_adam is True
+
+
 @pytest.mark.parametrize("sets, fragment", [
     (["train.lr_gg=1"], "train.lr_gg"),
     (["bogus=1"], "bogus"),
