@@ -26,11 +26,9 @@ import yaml
 from sagips.errors import ConfigError  # noqa: F401
 
 
-
 class _Loader(yaml.SafeLoader):
-    """yaml.SafeLoader, but only true/false are booleans (as in YAML 1.2): YAML 1.1 also reads on/off/yes/no (and y/n
-    in some tools) as booleans, which turned `--set label=yes` into the label 'on'. A boolean key still takes them
-    (`_coerce`)."""
+    """yaml.SafeLoader, but only true/false are booleans (as in YAML 1.2): YAML 1.1 also reads on/off/yes/no as
+    booleans, which turned `--set label=yes` into the label 'on'. A boolean key still takes them (`_coerce`)."""
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -281,7 +279,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: must be a finite number, got {value!r}")
         return value
     if tp is str:
-        if isinstance(value, bool):  # `true`/`false` where a string is expected (e.g. `train.compile: true`)
+        if isinstance(value, bool):  # `true`/`false` where a string is expected (e.g. `train.cuda_graph: true`)
             value = "on" if value else "off"
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
