@@ -152,7 +152,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
             rs["spread_mean_1e3"].append(float(spread.mean()))
             rs["ellipse95_1e3"].append(stats.confidence_ellipse(spread, rmse, 0.95))
     rates = [r.rate() for r in g.runs]
-    known = [x for x in rates if x is not None]
+    rated = [x for x in rates if x is not None]
     u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
     known = all(r.info.get("truth_known") is not False for r in g.runs)
     return {
@@ -183,8 +183,8 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
                         "floored": u.floored, "notes": u.notes},
         "convergence": conv,
         "rmse_vs_spread": rs,
-        "analysis_rate": {"per_run": rates, "mean": float(np.mean(known)) if known else None,
-                          "std": float(np.std(known)) if known else None},
+        "analysis_rate": {"per_run": rates, "mean": float(np.mean(rated)) if rated else None,
+                          "std": float(np.std(rated)) if rated else None},
     }
 
 
@@ -372,9 +372,9 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                              for n, b, s in zip(summary["parameters"], cr, u["sigma"])))
             low = [n for n, x in zip(summary["parameters"], u.get("floored") or []) if x]
             if low:
-                lines.append("- σ's spread part is the data's floor, not the members' (they agree more than the data "
-                             "allow; the bound with what the members' subsets add, stats.data_floor): "
-                             + ", ".join(low))
+                lines.append("- σ's members part is the data's floor where the members scattered less than their "
+                             "subsets of the data make them (with few members, often by chance; σ never goes below "
+                             "the data's statistical error, stats.data_floor): " + ", ".join(low))
         lines += [f"- {c['message']}" for c in g["convergence"] if c["moving"] is not False]
     return lines
 
@@ -389,14 +389,18 @@ def t_note(u: dict[str, Any]) -> str:
     if not dof:
         return "the intervals are ±σ and ±2σ"
     def rng(v, f):  # "a-b", or one value where both show the same; the dof of a sigma that the known parts (the
-        # data's floor, the non-closure) set are huge and say nothing more than "over 100"
-        lo, hi = (format(x, f) if f != ".0f" or round(x) <= 100 else "over 100" for x in (min(v), max(v)))
+        # data's floor, the non-closure) set are huge and say nothing more than "over 100"; below 10, one decimal
+        # (t's factors move fast there: 1.84 degrees of freedom give ±4.93σ at 95.4 %, 2 give ±4.53σ)
+        lo, hi = (format(x, f) if f != "dof" else "over 100" if round(x) > 100 else
+                  format(x, ".1f" if x < 9.95 else ".0f") for x in (min(v), max(v)))
         return lo if lo == hi else f"{lo} to {hi}" if hi == "over 100" else f"{lo}-{hi}"
 
     caveat = (" (but see the note below: σ holds no statistical error)"
               if any(stats.NO_STATISTICS in n for n in u["notes"]) else "")
-    return (f"σ's spread part comes from {u['n_members']} members ({u['n_members'] - 1} degrees of freedom; σ as a "
-            f"whole, with its drift and noise parts, {rng(dof, '.0f')}), so σ is itself uncertain: the 68 % interval "
+    k = u["n_members"] - 1
+    return (f"σ's spread part comes from {u['n_members']} members ({k} degree{'s' if k != 1 else ''} of freedom; σ "
+            f"as a whole {rng(dof, 'dof')}, as its other parts, the data's floor, drift, noise and non-closure, are "
+            f"not sampled from them), so σ is itself uncertain: the 68 % interval "
             f"is ±{rng(k68, '.2f')}σ and the 95.4 % interval ±{rng(k95, '.2f')}σ (Student's t; ±1σ and ±2σ with many "
             f"members){caveat}")
 

@@ -992,7 +992,10 @@ def startup_line(info: dict) -> str:
                  f"{sized['events_kept']:,} events a rank keeps)")
     elif sized:
         sized = f"; events_per_sample auto: {sized['events_per_sample']} (no weight average, train.ema 0)"
-    return (f"sagips: {info['mode']} on {info['world_size']} rank(s) ({info['device']}, "
+    members = int(info.get("ensemble_members") or 1)
+    where = (f"{members} members of {info['mode']} on {info['world_size']} rank(s) each" if members > 1
+             else f"{info['mode']} on {info['world_size']} rank(s)")
+    return (f"sagips: {where} ({info['device']}, "
             f"{info['threads_per_rank']} thread(s) each); {describe(info['precision'])}; start-up {startup}"
             f"{sized or ''}")
 

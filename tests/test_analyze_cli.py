@@ -74,7 +74,7 @@ def test_the_job_ends_with_the_analysis_of_its_members(job, tmp_path, capsys):
     assert f"the job's analysis (summary.md, summary.json, figures) is in {out / 'analysis'}" in printed
     bars = (root / "stderr.txt").read_text()
     assert "ensemble member 0 of 2" in bars and "member 1 of 2" not in bars  # one progress bar per job
-    assert bars.count("sagips: ensemble on 2 rank(s)") == 1  # one start-up line per job, member 0's
+    assert bars.count("sagips: 2 members of ensemble on 2 rank(s) each") == 1  # one start-up line per job, member 0's
     tokens = {json.loads((out / m / "run.json").read_text())["job"] for m in ("member000", "member001")}
     assert len(tokens) == 1 and None not in tokens
     assert [p.name for p in (out / "analysis").glob(".claimed-*")] == [f".claimed-{tokens.pop()}"]
@@ -176,6 +176,11 @@ def test_numbers_match_a_direct_computation(job, analysis):
     # eq. 9 per run from run.json
     r0 = next(r for r in s["runs"] if r["run"].endswith("member000"))
     assert r0["analysis_rate"] == pytest.approx(2 * info["events_per_epoch"] * 4 / max(info["train_seconds"]))
+    # and the group's mean and std over its runs' rates (summary.md's Groups table)
+    per_run = [r["analysis_rate"] for r in s["runs"] if r["group"] == g["name"]]
+    assert g["analysis_rate"]["per_run"] == pytest.approx(per_run) and len(per_run) == 2
+    assert g["analysis_rate"]["mean"] == pytest.approx(np.mean(per_run)) and np.mean(per_run) > 1e3
+    assert g["analysis_rate"]["std"] == pytest.approx(np.std(per_run))
 
 
 def test_group_by_label_and_mode(job):
@@ -189,6 +194,21 @@ def test_group_by_label_and_mode(job):
         "(no label)": ["member000", "member001"], "other": ["labelled"]}
     assert list(group_runs(runs, "mode")) == ["ensemble", "arar-arar"]
     assert list(group_runs(runs, "world_size")) == ["2 ranks"]
+
+
+def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_named(job, tmp_path, capsys):
+    _, out = job
+    short = copy_run(out / "member000", tmp_path / "short")
+    for rank, eps in list_checkpoints(short).items():
+        eps[4].unlink()  # this run stopped at epoch 2; member001 went on to 4
+    rc = main([str(short), str(out / "member001"), "--out", str(tmp_path / "r"), "--noise-samples", "8",
+               "--final-noise-samples", "16", "--resamples", "5"])
+    assert rc == 0
+    u = json.loads((tmp_path / "r" / "summary.json").read_text())["groups"][0]["uncertainty"]
+    assert u["epoch"] == 2
+    note = next(n for n in u["notes"] if "the last checkpoint all 2 runs share" in n)
+    assert f"{out / 'member001'} (to epoch 4)" in note and str(short) not in note, note
+    assert note in capsys.readouterr().out and note in (tmp_path / "r" / "summary.md").read_text()
 
 
 def _bad(capsys, argv):

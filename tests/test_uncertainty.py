@@ -137,15 +137,18 @@ def test_p_hat_is_shown_to_the_decimals_of_its_sigma():
 def test_a_range_that_rounds_to_one_value_is_shown_once():
     from sagips.analyze import t_note
 
-    u = {"spread_from": "members", "n_members": 8, "notes": [], "dof": [7.2, 7.4], "k68": [1.08, 1.08],
+    u = {"spread_from": "members", "n_members": 8, "notes": [], "dof": [7.21, 7.24], "k68": [1.08, 1.08],
          "k95": [2.31, 2.36]}
     note = t_note(u)
-    assert "parts, 7)" in note and "±1.08σ" in note and "±2.31-2.36σ" in note, note
+    assert "(7 degrees of freedom; σ as a whole 7.2, as its" in note, note
+    assert "±1.08σ" in note and "±2.31-2.36σ" in note, note
     # a sigma that its known parts (the data's floor) set has huge dof: said as such, not as 216-795934889
     note = t_note(dict(u, n_members=2, dof=[216.4, 7.9e8], k68=[1.0, 1.0], k95=[1.97, 2.0]))
-    assert "parts, over 100)" in note and "795" not in note, note
-    assert "parts, 7 to over 100)" in t_note(dict(u, dof=[7.2, 3e5])), t_note(dict(u, dof=[7.2, 3e5]))
-    assert "parts, 100)" in t_note(dict(u, dof=[99.7, 100.3]))  # (one value when both round to it)
+    assert "(1 degree of freedom; σ as a whole over 100, as" in note and "795" not in note, note
+    assert "whole 7.2 to over 100, as" in t_note(dict(u, dof=[7.2, 3e5])), t_note(dict(u, dof=[7.2, 3e5]))
+    assert "whole 100, as" in t_note(dict(u, dof=[99.7, 100.3]))  # (one value when both round to it)
+    # below 10, one decimal: t's factor moves fast there (1.84 degrees of freedom give ±4.93σ, 2 give ±4.53σ)
+    assert "whole 1.8-12, as" in t_note(dict(u, n_members=2, dof=[1.84, 12.4]))
 
 
 def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
@@ -497,6 +500,19 @@ def test_noise_sampling_error_is_the_spread_of_p_hat_between_noise_batches(tmp_p
     assert np.all(u4.sigma >= u4.sampling)
 
 
+def test_a_generator_of_one_point_has_no_noise_error():
+    """Predictions that differ only by the rounding of their float64 averages (a generator of one point) read 0, a
+    real spread of 1e-9 of p^ does not."""
+    from sagips.analysis.stats import noise_sampling_error
+
+    rng = np.random.default_rng(0)
+    p = np.array([0.3, 7.0, -2.5])
+    rounding = p * (1 + 4e-16 * rng.standard_normal((3, 256, 3)))
+    assert np.all(noise_sampling_error(rounding) == 0.0)
+    spread = p * (1 + 1e-9 * rng.standard_normal((3, 256, 3)))
+    np.testing.assert_allclose(noise_sampling_error(spread), np.abs(p) * 1e-9 / np.sqrt(3 * 256), rtol=0.25)
+
+
 def test_the_density_fisher_matrix_against_an_independent_quadrature():
     """ParametricEnvironment.fisher (torch, the sampler's grid) against benchmarks/toy1d.fisher (numpy, numerical
     derivatives on a 200,001-point grid), at two points (a simulator's: tests/test_simfisher.py)."""
@@ -695,7 +711,8 @@ def test_analyze_floors_members_that_agree_more_than_proxy1ds_data_allow(tmp_pat
     np.testing.assert_allclose(u["cramer_rao"], bound, rtol=1e-6)
     np.testing.assert_allclose(u["sigma"], bound * math.sqrt(1 + 1 / 4), rtol=1e-4)  # seen 0.5, M = 4
     assert u["floored"] == [True] * 6 and u["dof"] == [None] * 6  # inf in JSON
-    assert "σ's spread part is the data's floor" in (tmp_path / "rep" / "summary.md").read_text()
+    md = (tmp_path / "rep" / "summary.md").read_text()
+    assert "σ's members part is the data's floor where the members scattered less" in md
 
 
 def test_sigma_far_above_the_bound_is_noted():

@@ -498,6 +498,12 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
         # (the members' own sigma: a non-closure is not their spread)
         own = np.sqrt(np.maximum(u.sigma ** 2 - u.nonclosure ** 2, 0.0))
         u.notes.extend(stats.above_cramer_rao(names, own, u.cramer_rao))
+    later = [r for r in g.runs if r.epochs() and r.epochs()[-1] > g.epochs[-1]]
+    if later:  # runs of unequal length: all are taken at the last epoch they share (its later checkpoints unused)
+        u.notes.append(f"p̂ ± σ is at epoch {int(g.epochs[-1])}, the last checkpoint all {len(g.runs)} runs share: "
+                       + ", ".join(f"{r.path} (to epoch {r.epochs()[-1]})" for r in later[:3])
+                       + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+                       + " trained longer, and their later checkpoints are not used here (analyse them apart)")
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -693,11 +693,14 @@ def noise_sampling_error(preds: np.ndarray) -> np.ndarray:
     A generator with noise maps it to a spread of parameters (seen: 2.5 % in smear1d's tau at noise_scale 0.01,
     where the data's own error is 0.1 %; 0 for a generator of one point), so a mean over K = 1024 vectors moves
     by 0.8 of the statistical error from one noise batch to the next; the members share the batch, so this error
-    is common to all of them and their scatter does not hold it."""
+    is common to all of them and their scatter does not hold it. A spread below 1e-12 of p^ is the rounding of the
+    averages (a generator of one point), and reads 0."""
     a = np.asarray(preds, dtype=np.float64)
     if a.ndim != 3 or a.shape[1] < 2:
         return np.zeros(a.shape[-1])
-    return a.mean(axis=0).std(axis=0, ddof=1) / math.sqrt(a.shape[1])
+    mean = a.mean(axis=0)
+    err = mean.std(axis=0, ddof=1) / math.sqrt(a.shape[1])
+    return np.where(err <= 1e-12 * np.abs(mean).max(axis=0), 0.0, err)
 
 
 def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray, sigma: np.ndarray,
