@@ -48,6 +48,7 @@ from sagips.analysis.ensemble import (
     load_run,
     predict_final,
     predict_group,
+    truth_known,
 )
 
 EXIT_USAGE = 2
@@ -242,11 +243,11 @@ def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
         header += [f"{g['name']} residual [1e-3]", f"{g['name']} sigma [1e-3]"]
     rows = []
     truth = summary["groups"][0]["truth"]
-    known = all(g.get("truth_known", True) for g in summary["groups"])  # (else the truth is a placeholder)
+    known = truth_known(summary["groups"])  # (else the truth is a placeholder: no residuals against it)
     for i, name in enumerate(summary["parameters"]):
         row: list[Any] = [name, truth[i] if known else "unknown"]
         for g in summary["groups"]:
-            row += [g["final"]["residual_1e3"][i], g["final"]["residual_sigma_1e3"][i]]
+            row += ([g["final"]["residual_1e3"][i], g["final"]["residual_sigma_1e3"][i]] if known else ["", ""])
         rows.append(row)
     return header, rows
 
@@ -277,23 +278,10 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
              ("r̂_i = (p_i − p̂_i)/p_i of the ensemble mean p̂ (eq. 6, 7) ± 1σ = σ_i/|p_i| (eq. 8), in units of "
               "10⁻³. This σ is the paper's: the spread of single members (runs) about their mean, not the error of "
               "p̂ quoted above (that is about σ/√M, with its other parts)."), ""]
-    if not all(g.get("truth_known", True) for g in groups):
-        lines += [f"Here: {NO_TRUTH}.", ""]
-    lines.append("| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |")
-    lines.append("|---|---:|" + "---:|" * len(groups))
-    truth = groups[0]["truth"]
-    for i, pname in enumerate(summary["parameters"]):
-        label = f"r̂_{i}" if pname == f"r_{i}" else f"r̂ ({pname})"
-        cells = [f"{g['final']['residual_1e3'][i]:.1f}" + (f" ± {g['final']['residual_sigma_1e3'][i]:.1f}"
-                                                            if g["n_runs"] > 1 else " (one run: no spread between runs)")
-                 for g in groups]
-        lines.append(f"| {label} | {truth[i]:g} | " + " | ".join(cells) + " |")
-    lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
-    lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" if g["n_runs"] > 1
-                                                       else "n/a (one run)" for g in groups) + " |")
-    if any(g["n_runs"] < 2 for g in groups):
-        lines += ["", "A group of one run has no spread between runs here; the error to quote, with the spread "
-                      "between its ranks where they are independent members (`--mode ensemble`), is p̂ ± σ above."]
+    if not truth_known(summary["groups"]):  # (residuals against a placeholder: no table, no figure of them)
+        lines += [f"Not shown here: {NO_TRUTH}."]
+    else:
+        lines += table_iv(summary)
     lines += ["", "## Groups", "",
               ("| group | runs (M) | modes | ranks per run | last common epoch | training time at it [s] | "
                "analysis rate, eq. 9 [events/s] |"), "|---|---:|---|---|---:|---:|---:|"]
@@ -318,6 +306,27 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
     lines += ["", ("Every number above and in the figures is in `summary.json`; see docs/analysis.md for how to "
                    "read them."), ""]
     return "\n".join(lines)
+
+
+def table_iv(summary: dict[str, Any]) -> list[str]:
+    """The paper's Table IV: each group's residuals at its last common checkpoint, against the truth."""
+    groups = summary["groups"]
+    lines = ["| Residual [10⁻³] | p_i (truth) | " + " | ".join(g["name"] for g in groups) + " |",
+             "|---|---:|" + "---:|" * len(groups)]
+    truth = groups[0]["truth"]
+    for i, pname in enumerate(summary["parameters"]):
+        label = f"r̂_{i}" if pname == f"r_{i}" else f"r̂ ({pname})"
+        cells = [f"{g['final']['residual_1e3'][i]:.1f}" + (f" ± {g['final']['residual_sigma_1e3'][i]:.1f}"
+                                                            if g["n_runs"] > 1 else " (one run: no spread between runs)")
+                 for g in groups]
+        lines.append(f"| {label} | {truth[i]:g} | " + " | ".join(cells) + " |")
+    lines.append("| mean abs(r̂_i) | | " + " | ".join(f"{g['mean_abs_residual_1e3'][-1]:.1f}" for g in groups) + " |")
+    lines.append("| mean σ_i/abs(p_i) | | " + " | ".join(f"{g['mean_residual_sigma_1e3'][-1]:.1f}" if g["n_runs"] > 1
+                                                       else "n/a (one run)" for g in groups) + " |")
+    if any(g["n_runs"] < 2 for g in groups):
+        lines += ["", "A group of one run has no spread between runs here; the error to quote, with the spread "
+                      "between its ranks where they are independent members (`--mode ensemble`), is p̂ ± σ above."]
+    return lines
 
 
 def quotable(summary: dict[str, Any]) -> list[str]:
@@ -486,10 +495,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def markdown_table_only(summary: dict[str, Any]) -> str:
-    """The p̂ ± σ section and the Table IV part of summary.md, for the terminal."""
-    text = markdown(summary, {})
-    start = text.index("| Residual")
-    return "\n".join(quotable(summary)) + "\n\n" + text[start:text.index("\n\n", start)]
+    """The p̂ ± σ section and the Table IV part of summary.md (where the data name their truth), for the terminal."""
+    table = table_iv(summary) if truth_known(summary["groups"]) else []
+    table = table[:table.index("")] if "" in table else table
+    return "\n".join(quotable(summary)) + ("\n\n" + "\n".join(table) if table else "")
 
 
 if __name__ == "__main__":

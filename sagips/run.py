@@ -145,14 +145,21 @@ def _now() -> str:
 
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
     """Never overwrite another run silently; --resume needs a run to continue."""
+    up = os.path.abspath(out_dir)
+    while not os.path.isdir(up):  # (the directory, or the first of its parents that exists, must be a directory)
+        if os.path.lexists(up):
+            raise ConfigError(f"--output-dir {out_dir}: {up} is a file, not a directory; choose another --output-dir")
+        up = os.path.dirname(up)
     has_run = os.path.exists(os.path.join(out_dir, "run.json")) or os.path.isdir(os.path.join(out_dir, "checkpoints"))
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
     if resume and not os.path.exists(os.path.join(out_dir, "run.json")):
         raise ConfigError(f"--resume: {out_dir} holds no run (no run.json); start it without --resume")
     if has_run and not (resume or overwrite):
-        raise ConfigError(f"output directory {out_dir} already holds a run; pass --resume to continue it, "
-                          f"--overwrite to replace it, or choose another --output-dir")
+        state = os.path.isdir(os.path.join(out_dir, "state"))
+        raise ConfigError(f"output directory {out_dir} already holds a run; "
+                          + ("pass --resume to continue it, " if state else "it saved no training state to resume, so ")
+                          + "--overwrite to replace it, or choose another --output-dir")
 
 
 def saved_config(output_dir: str | None) -> dict:
@@ -169,6 +176,23 @@ def saved_config(output_dir: str | None) -> dict:
             cfg.pop("output_dir", None)
             return cfg
     raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
+
+
+def check_resume_epoch(out_dir: str, epoch: int | None, epochs: int) -> None:
+    """--resume needs a saved training state, at an epoch no later than train.epochs."""
+    if epoch is None:
+        raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
+                          f"incomplete); start it again with --overwrite")
+    if epoch > epochs:
+        raise ConfigError(f"--resume: the run in {out_dir} is at epoch {epoch} already, beyond train.epochs={epochs} "
+                          f"(--epochs); give --epochs {epoch} or more to continue it (its earlier checkpoints are in "
+                          f"{os.path.join(out_dir, 'checkpoints')})")
+
+
+def _mpi_min():
+    from mpi4py import MPI
+
+    return MPI.MIN
 
 
 def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
@@ -299,6 +323,11 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     stop and the normal end reach `_clean_up`."""
     r = _Run(args, world, peer)
     _configure(r)
+    if r.nothing_to_do:
+        if world.rank == 0:
+            print(f"sagips: {args.output_dir} is complete at train.epochs={r.cfg.train.epochs}: nothing to resume "
+                  f"(give a larger --epochs to train on)", file=sys.stderr, flush=True)
+        return 0
     _place(r)
     _load_data(r)
     _build_trainer(r)
@@ -327,6 +356,7 @@ def _configure(r: _Run) -> None:
     # agreed: a config that one rank cannot load (a preset file or an environment package missing on one node) is
     # an error of every rank, not a rank that exits while the others wait in the next collective
     r.cfg = cfg = agree(world, lambda: load(args.config, args.set, flags, base=base), error=ConfigError)
+    r.cfg = cfg = truth_of_the_data(r, cfg, flags, base)
 
     # ensemble members: independent runs in sub-communicators of the world
     r.members = members = cfg.ensemble.members
@@ -365,9 +395,11 @@ def _configure(r: _Run) -> None:
         from sagips.io.state import agree_resume_epoch
 
         r.resume_from = agree_resume_epoch(comm, out_dir)  # (the newest epoch every rank holds, this rank's own)
-        if r.resume_from[0] is None:
-            raise ConfigError(f"--resume: {out_dir} holds no complete training state (state/ is missing or "
-                              f"incomplete); start it again with --overwrite")
+        # agreed over the world: a member that cannot resume fails the job, no member waits for it
+        agree(world, check_resume_epoch, out_dir, r.resume_from[0], cfg.train.epochs, error=ConfigError)
+    # a job whose every run is complete at its epochs has nothing to resume: one line, not a start-up
+    r.nothing_to_do = bool(world.allreduce(int(prev_run is not None and prev_run.get("status") == "complete"
+                                               and r.resume_from[0] == cfg.train.epochs), op=_mpi_min()))
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
     if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
         # a resumed run keeps the precision that its start resolved (a new probe could time it the other way)
@@ -401,6 +433,55 @@ def _configure(r: _Run) -> None:
                   file=sys.stderr, flush=True)
     world.Barrier()
     r.phase("config")
+
+
+def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
+    """The config with the truth of its data file: a file that names its truth (attribute true_params, as `python -m
+    sagips.data` writes it) was made at it, so it is the run's truth (run.json, the residuals, analyze's pulls),
+    whatever environment.true_params say (they make generated data). A --set of environment.true_params that
+    differs from the file's is a one-line error; so is a file's truth that the environment cannot take."""
+    from sagips.io.distribute import on_root
+    from sagips.io.refdata import DataError, file_truth
+
+    data_file = getattr(cfg.environment, "data_file", None)
+    current = getattr(cfg.environment, "true_params", None)
+    if not data_file or current is None:
+        return cfg
+    found = on_root(r.world, file_truth, data_file)  # (rank 0 reads it, every rank gets it)
+    if found is None:
+        return cfg
+    values, names = found
+    if isinstance(current, dict):  # a ParametricEnvironment's: name -> value
+        order = list(current)
+        names = names or order
+        if sorted(names) != sorted(order):
+            raise DataError(f"data file {data_file}: its true_params are for parameters {', '.join(names)}, "
+                            f"environment {cfg.environment.name!r} has {', '.join(order)}")
+        truth: dict | list = {n: dict(zip(names, values))[n] for n in order}
+        was = [float(current[n]) for n in order]
+    else:
+        if len(values) != len(current):
+            raise DataError(f"data file {data_file}: its true_params have {len(values)} values, environment "
+                            f"{cfg.environment.name!r} has {len(current)} parameters")
+        truth, was = list(values), [float(v) for v in current]
+    now = list(truth.values()) if isinstance(truth, dict) else truth
+    if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(now, was)):
+        return cfg
+    shown = ", ".join(f"{v:.6g}" for v in now)
+    named = [item.split("=", 1)[0].strip() for item in r.args.set
+             if item.split("=", 1)[0].strip().startswith("environment.true_params")]
+    if named:
+        raise ConfigError(f"{named[0]} (--set) differs from the truth that data file {data_file} was made at "
+                          f"(true_params {shown}): drop the --set (a data file's truth is the run's), or make the data "
+                          f"at that truth (python -m sagips.data ... --set true_params...)")
+    try:
+        cfg = load(r.args.config, [*r.args.set, f"environment.true_params={json.dumps(truth)}"], flags, base=base)
+    except ConfigError as e:
+        raise DataError(f"data file {data_file}: its true_params ({shown}) do not fit the run's config: {e}") from None
+    if r.world.rank == 0:
+        print(f"sagips: the truth is data file {data_file}'s true_params ({shown}), not environment.true_params "
+              f"(those make generated data)", file=sys.stderr, flush=True)
+    return cfg
 
 
 def _place(r: _Run) -> None:

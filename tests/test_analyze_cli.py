@@ -238,6 +238,12 @@ def test_bad_input_mismatched_truths(job, tmp_path, capsys):
     msg = _bad(capsys, [str(out / "member000"), str(other), "--out", str(tmp_path / "r")])
     assert "mismatched truths" in msg and "group 'ensemble'" in msg
     assert not (tmp_path / "r").exists()
+    # a run on measured data (its file named no truth) and one of known truth fit different data
+    measured = copy_run(out / "member001", tmp_path / "measured")
+    edit_json(measured / "run.json", truth_known=False)
+    msg = _bad(capsys, [str(out / "member000"), str(measured), "--out", str(tmp_path / "r")])
+    assert f"{out / 'member000'} ran on data of known truth, {measured} on measured data" in msg, msg
+    assert not (tmp_path / "r").exists()
 
 
 def test_bad_input_different_environments(job, tmp_path, capsys):

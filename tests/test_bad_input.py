@@ -85,7 +85,21 @@ CASES = [
      ["cannot read the config", "run.json"]),
     ("resume and overwrite", ["--resume", "--overwrite"], lambda t, o: forged_run(o), ["exclude each other"]),
     ("output dir holds another run", [], lambda t, o: forged_run(o),
-     ["already holds a run", "--resume", "--overwrite"]),
+     ["already holds a run", "it saved no training state to resume", "--overwrite"]),
+    ("output dir is a file", [], lambda t, o: o.write_text("not a directory") and None,
+     ["--output-dir", "is a file, not a directory"]),
+    # a data file's truth is the run's (python -m sagips.data writes it): one that cannot be is one line
+    ("data's truth: 5 values", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 1.0, -0.5])),
+     ["true_params have 5 values", "6 parameters"]),
+    ("data's truth: NaN", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, np.nan, -0.5, 4.0])),
+     ["attribute true_params", "not a list of finite numbers"]),
+    ("data's truth: words", [], lambda t, o: _data(_truth(t, "p0=2")),
+     ["attribute true_params", "not a list of finite numbers"]),
+    ("data's truth: zero", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 0.0, -0.5, 4.0])),
+     ["its true_params (2, -0.5, 3, 0, -0.5, 4) do not fit", "non-zero"]),
+    ("data's truth against a --set", ["--set", "environment.true_params=[2.1875, -0.5, 3.0, 1.09375, -0.5, 4.0]"],
+     lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 1.09375, -0.5, 4.0])),
+     ["environment.true_params (--set) differs from the truth that data file", "true_params 2, -0.5"]),
     ("ensemble size does not divide", ["--ensemble-size", "2"], None,
      ["ensemble.members=2 (--ensemble-size) does not divide", "launch a multiple of 2 ranks"]),
     ("delayed rank does not exist", ["--set", "pipeline.delay_ranks=[3]"], None, ["pipeline.delay_ranks", "rank 3"]),
@@ -116,6 +130,14 @@ def _corrupt(path):
     return path
 
 
+def _truth(tmp_path, truth):
+    """A data file that names its truth (attribute true_params, as python -m sagips.data writes it)."""
+    path = h5(tmp_path / "ref.h5", data=np.random.default_rng(0).uniform(0.1, 0.9, (50, 2)).astype(np.float32))
+    with h5py.File(path, "a") as f:
+        f.attrs["true_params"] = truth
+    return path
+
+
 def _data(path):
     return ["--set", f"environment.data_file={path}"]
 
@@ -142,6 +164,54 @@ def test_bad_input_exits_2_with_one_line(case, argv, setup, fragments, tmp_path,
     for name in ("checkpoints", "state", "metrics.jsonl"):
         assert not (out / name).exists(), f"{case}: {name} was created"
     assert (out / "run.json").exists() == had_run
+
+
+def test_only_a_run_with_its_state_is_offered_a_resume(tmp_path):
+    from sagips.config import ConfigError
+    from sagips.run import check_output_dir
+
+    forged_run(tmp_path)
+    with pytest.raises(ConfigError, match="it saved no training state to resume, so --overwrite to replace it"):
+        check_output_dir(str(tmp_path), False, False)
+    (tmp_path / "state").mkdir()
+    with pytest.raises(ConfigError, match="pass --resume to continue it, --overwrite to replace it"):
+        check_output_dir(str(tmp_path), False, False)
+
+
+def test_a_data_files_truth_is_the_runs(tmp_path, capsys):
+    """Data made at another truth (python -m sagips.data --true-params ...): run.json's truth, its residuals and
+    analyze's pulls are against the file's truth, not the config's default (they make generated data)."""
+    truth = [2.0, -0.5, 3.0, 1.09375, -0.5, 4.0]
+    data = _truth(tmp_path, np.array(truth))
+    out = tmp_path / "out"
+    assert main(TINY + _data(data) + ["--output-dir", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"sagips: the truth is data file {data}'s true_params (2, -0.5, 3, 1.09375, -0.5, 4)" in err
+    info = json.loads((out / "run.json").read_text())
+    assert info["truth"] == truth and info["truth_known"] is True
+    assert info["config"]["environment"]["true_params"] == truth
+    q = info["final_quality"]
+    np.testing.assert_allclose(q["residuals"], [(t - p) / t for t, p in zip(truth, q["params"])], rtol=1e-6)
+    # the same truth named twice is no conflict, and says nothing
+    again = tmp_path / "again"
+    assert main(TINY + _data(data) + ["--set", f"environment.true_params={truth}", "--output-dir", str(again)]) == 0
+    assert "the truth is data file" not in capsys.readouterr().err
+
+
+def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_do(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--output-dir", str(out)]) == 0
+    capsys.readouterr()
+    metrics = (out / "metrics.jsonl").read_text()
+    assert main(["--resume", "--epochs", "1", "--no-progress", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is at epoch 2 already, beyond train.epochs=1" in err[0] and "--epochs 2" in err[0], err
+    assert main(["--resume", "--no-progress", "--output-dir", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert cap.err.strip() == f"sagips: {out} is complete at train.epochs=2: nothing to resume (give a larger " \
+                              f"--epochs to train on)" and cap.out == ""
+    assert (out / "metrics.jsonl").read_text() == metrics and json.loads((out / "run.json").read_text())[
+        "status"] == "complete"
 
 
 def test_unknown_mode_is_refused_by_argparse(tmp_path, capsys):

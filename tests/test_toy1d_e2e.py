@@ -45,6 +45,33 @@ def test_reference_data_follow_the_density(env, tmp_path, monkeypatch):
     assert stats.kstest(arrays["events"][:, 0], cdf).pvalue > 1e-3
 
 
+def test_the_truth_of_a_data_file_made_elsewhere_is_the_runs(env, tmp_path, monkeypatch):
+    """docs/analysis.md's closure recipe: data at another truth (sagips.data --set true_params.b=0.3), a run on it:
+    run.json's truth and the residuals are the file's, by name; a --set that contradicts the file is one line."""
+    from sagips.data import main as data_main
+
+    add_to_sys_path(env[1], monkeypatch)
+    data = tmp_path / "b.h5"
+    assert data_main(["toy1d", "--out", str(data), "--events", "20000", "--set", "true_params.b=0.3"]) == 0
+    out = tmp_path / "run"
+    r = run_py(TINY + ["--mode", "ensemble", "--epochs", "1", "--set", f"environment.data_file={data}",
+                       "--output-dir", str(out)], env=env[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"the truth is data file {data}'s true_params (1.7, 0.3, 0.9)" in r.stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["truth"] == [1.7, 0.3, 0.9] and info["truth_known"] is True
+    assert info["config"]["environment"]["true_params"] == {"a": 1.7, "b": 0.3, "c": 0.9}
+    q = info["final_quality"]
+    np.testing.assert_allclose(q["residuals"], [(t - p) / t for t, p in zip([1.7, 0.3, 0.9], q["params"])],
+                               rtol=1e-6)
+    r = run_py(TINY + ["--epochs", "1", "--set", f"environment.data_file={data}", "--set",
+                       "environment.true_params.b=-0.4", "--output-dir", str(tmp_path / "other")], env=env[0])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("sagips: error: environment.true_params.b (--set) differs from the truth that data "
+                               f"file {data} was made at (true_params 1.7, 0.3, 0.9)"), lines[0]
+
+
 def test_one_rank_resumes_bit_identically(env, tmp_path):
     import shutil
 

@@ -167,11 +167,15 @@ def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     md = (tmp_path / "rep" / "summary.md").read_text()
     rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| r_")][:6]
     assert [r[1] for r in rows] == ["unknown"] * 6 and [r[8] for r in rows] == ["n/a"] * 6
-    assert md.count(NO_TRUTH) == 2  # under the p^ +- sigma table and above the residuals'
+    assert md.count(NO_TRUTH) == 2  # under the p^ +- sigma table and in place of the residuals' (Table IV)
+    assert "| Residual [10⁻³] |" not in md and f"Not shown here: {NO_TRUTH}." in md
     g = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]
     assert g["truth_known"] is False and g["uncertainty"]["pull"] == [None] * 6
-    assert [ln.split(",")[1] for ln in (tmp_path / "rep" / "summary.csv").read_text().splitlines()[1:7]] == [
-        "unknown"] * 6
+    # no residual against the placeholder: not in the CSV, nor in a figure; p̂ ± σ's figure draws no truth
+    assert [ln.split(",")[1:] for ln in (tmp_path / "rep" / "summary.csv").read_text().splitlines()[1:7]] == [
+        ["unknown", "", ""]] * 6
+    assert sorted(p.name for p in (tmp_path / "rep").glob("*.png")) == ["uncertainty.png"]
+    assert "![uncertainty](uncertainty.png)" in md and "residuals_vs_time" not in md
 
 
 def test_one_coupled_run_gives_a_rank_spread_lower_bound(tmp_path, truth):

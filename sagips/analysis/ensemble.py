@@ -174,6 +174,12 @@ def check_runs(runs: Sequence[Run]) -> None:
                             f"{rb.path} is {b!r}")
 
 
+def truth_known(groups: Sequence[dict[str, Any]]) -> bool:
+    """Do all groups of a summary name their data's truth (else it is the environment's placeholder: measured data,
+    sagips.run's truth_known), so that residuals and pulls against it mean something?"""
+    return all(g.get("truth_known", True) for g in groups)
+
+
 def group_runs(runs: Sequence[Run], by: str) -> dict[str, list[Run]]:
     """Runs grouped by run.json[by], in the order of first appearance; truths must agree within a group."""
     groups: dict[str, list[Run]] = {}
@@ -182,6 +188,11 @@ def group_runs(runs: Sequence[Run], by: str) -> dict[str, list[Run]]:
     for name, members in groups.items():
         ref = members[0]
         for r in members[1:]:
+            if (r.info.get("truth_known") is False) != (ref.info.get("truth_known") is False):
+                known, measured = (ref, r) if r.info.get("truth_known") is False else (r, ref)
+                raise AnalysisError(f"group {name!r}: {known.path} ran on data of known truth, {measured.path} on "
+                                    f"measured data (its file names no truth): they fit different data; analyse "
+                                    f"them apart")
             if r.truth.shape != ref.truth.shape or not np.allclose(r.truth, ref.truth, rtol=1e-12, atol=0.0):
                 raise AnalysisError(f"group {name!r}: mismatched truths: {ref.path} has {ref.truth.tolist()} but "
                                     f"{r.path} has {r.truth.tolist()}")

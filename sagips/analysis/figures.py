@@ -20,6 +20,8 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 from matplotlib.patches import Ellipse
 
+from sagips.analysis.ensemble import truth_known
+
 DPI = 90
 
 
@@ -196,6 +198,7 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
     parts = (("sigma", "σ", "k", 0.0), ("members", "members", "tab:blue", 0.15), ("ranks", "ranks", "tab:green", 0.25),
              ("drift", "drift", "tab:red", 0.35), ("nonclosure", "non-closure", "tab:purple", 0.45))
     labelled: set[str] = set()
+    known = truth_known(summary["groups"])
     for i, name in enumerate(names):
         ax = axes[i // ncol][i % ncol]
         moving = False
@@ -210,7 +213,8 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
                             color=colour, capsize=3, markersize=4, linewidth=1.6 if key == "sigma" else 1.0,
                             label=None if key in labelled else label)
                 labelled.add(key)
-        ax.axhline(groups[0]["truth"][i], color="k", linestyle="--", linewidth=0.7)
+        if known:
+            ax.axhline(groups[0]["truth"][i], color="k", linestyle="--", linewidth=0.7)
         ax.set_xticks(range(len(groups)), [g["name"] for g in groups], fontsize=7, rotation=20)
         ax.set_xlim(-0.5, len(groups) - 0.3)
         ax.set_title(name + (" (still moving)" if moving else ""), fontsize=9, color="tab:red" if moving else "k")
@@ -219,19 +223,22 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
     for k in range(len(names), nrow * ncol):
         axes[k // ncol][k % ncol].set_visible(False)
     fig.legend(fontsize=7, loc="lower center", ncol=5)
-    fig.suptitle(r"$\hat p_i \pm \sigma_i$ at the last checkpoint, and the parts of $\sigma_i$ (truth dashed)",
-                 fontsize=9)
+    fig.suptitle(r"$\hat p_i \pm \sigma_i$ at the last checkpoint, and the parts of $\sigma_i$ "
+                 + ("(truth dashed)" if known else "(the data name no truth)"), fontsize=9)
     return _save(fig, path)
 
 
 def write_all(summary: dict[str, Any], out_dir: str) -> dict[str, str]:
-    """Write every figure that the summary supports; {name: file name}."""
-    made = {
-        "residuals_vs_time": residuals_vs_time(summary, os.path.join(out_dir, "residuals_vs_time.png")),
-        "convergence": convergence(summary, os.path.join(out_dir, "convergence.png")),
-        "rmse_vs_spread": rmse_vs_spread(summary, os.path.join(out_dir, "rmse_vs_spread.png")),
-        "uncertainty": uncertainty(summary, os.path.join(out_dir, "uncertainty.png")),
-    }
+    """Write every figure that the summary supports; {name: file name}. Data that name no truth (measured data) get
+    none of the figures of residuals, which would be against a placeholder."""
+    made = {}
+    if truth_known(summary["groups"]):
+        made = {
+            "residuals_vs_time": residuals_vs_time(summary, os.path.join(out_dir, "residuals_vs_time.png")),
+            "convergence": convergence(summary, os.path.join(out_dir, "convergence.png")),
+            "rmse_vs_spread": rmse_vs_spread(summary, os.path.join(out_dir, "rmse_vs_spread.png")),
+        }
+    made["uncertainty"] = uncertainty(summary, os.path.join(out_dir, "uncertainty.png"))
     if len({r["world_size"] for r in summary["analysis_rate_by_world_size"]}) > 1:
         made["analysis_rate"] = analysis_rate(summary, os.path.join(out_dir, "analysis_rate.png"))
     return {k: os.path.basename(v) for k, v in made.items()}

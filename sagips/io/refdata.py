@@ -48,6 +48,37 @@ def truth_known(data_file: str | os.PathLike | None) -> bool:
         return True
 
 
+def file_truth(data_file: str | os.PathLike | None) -> tuple[list[float], list[str] | None] | None:
+    """The truth a data file names (attribute true_params, as `python -m sagips.data` writes it; with
+    parameter_names where it has them), or None (no file, or measured data that name none). A true_params that is
+    not a list of finite numbers is a one-line DataError."""
+    if not data_file or not os.path.exists(data_file):
+        return None  # (a missing file is the data reader's one line)
+    import h5py
+
+    try:
+        with h5py.File(data_file, "r") as f:
+            if "true_params" not in f.attrs:
+                return None
+            raw, names = f.attrs["true_params"], f.attrs.get("parameter_names")
+    except OSError:  # (not HDF5: the data reader's one line)
+        return None
+    try:
+        values = np.asarray(raw, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        values = None
+    if values is None or values.size == 0 or not np.all(np.isfinite(values)):
+        raise DataError(f"data file {data_file}: attribute true_params is {raw!r}, not a list of finite numbers (fix "
+                        f"it, or delete the attribute for measured data of unknown truth)")
+    if isinstance(names, bytes):
+        names = names.decode()
+    names = [n.strip() for n in names.split(",")] if isinstance(names, str) and names.strip() else None
+    if names is not None and len(names) != values.size:
+        raise DataError(f"data file {data_file}: attribute parameter_names names {len(names)} parameters, "
+                        f"true_params has {values.size} values")
+    return [float(v) for v in values], names
+
+
 def open_reference(path: str):
     """The HDF5 file at `path`, open for reading, or a one-line DataError."""
     import h5py
