@@ -401,9 +401,12 @@ def _configure(r: _Run) -> None:
     r.nothing_to_do = bool(world.allreduce(int(prev_run is not None and prev_run.get("status") == "complete"
                                                and r.resume_from[0] == cfg.train.epochs), op=_mpi_min()))
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
+    r.precision_kept = None
     if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
-        # a resumed run keeps the precision that its start resolved (a new probe could time it the other way)
+        # a resumed run keeps the precision that its start resolved (a new probe could time it the other way), and
+        # run.json keeps that start's record (its probe rounds) and the setting asked for
         cfg.train.amp = {"float32": "none"}.get(resolved, resolved)
+        r.precision_kept = prev_run["precision"]
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
     if args.overwrite and comm.rank == 0:
         clear_run(out_dir)
@@ -791,11 +794,14 @@ def _describe(r: _Run) -> None:
 
     cfg, comm, trainer, env, out_dir = r.cfg, r.comm, r.trainer, r.env, r.out_dir
     n_params = sum(p.numel() for p in trainer.G.parameters())
+    config = config_to_dict(cfg)
+    if r.precision_kept is not None:
+        config["train"]["amp"] = "auto"  # (what was asked for; the precision is the start's, below)
     r.run_info = run_info = {
         "sagips_run": 1, "status": "running", "output_dir": os.path.abspath(out_dir),
         "environment": cfg.environment.name, "mode": r.peer.mode if r.peer is not None else cfg.mode,
         "label": cfg.label, "world_size": comm.size, "ensemble_members": r.members, "member": r.member, "job": r.job,
-        "config": config_to_dict(cfg), "truth": env.truth(), "parameter_names": env.parameter_names(),
+        "config": config, "truth": env.truth(), "parameter_names": env.parameter_names(),
         # a data file of the user's that names no truth (measured data): env.truth() is only a placeholder
         "truth_known": refdata.truth_known(r.data_file) if r.is_root else None,
         "events_per_epoch": env.events_per_epoch, "batch": r.batch, "batch_sized": r.batch_sized,
@@ -818,7 +824,8 @@ def _describe(r: _Run) -> None:
                       enumerate(comm.allgather((socket.gethostname(), os.getpid(),
                                                 os.getppid() if is_supervised() else None)))],
         "versions": versions(), "start_time": _now(),
-        "data_file": os.path.abspath(r.data_file) if r.data_file else None, "precision": trainer.precision,
+        "data_file": os.path.abspath(r.data_file) if r.data_file else None,
+        "precision": r.precision_kept if r.precision_kept is not None else trainer.precision,
     }
     if r.prev_run is not None:
         from sagips.io.state import RankStates, load_state, state_path

@@ -201,6 +201,7 @@ def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_name
     short = copy_run(out / "member000", tmp_path / "short")
     for rank, eps in list_checkpoints(short).items():
         eps[4].unlink()  # this run stopped at epoch 2; member001 went on to 4
+    edit_json(short / "run.json", status="running")
     rc = main([str(short), str(out / "member001"), "--out", str(tmp_path / "r"), "--noise-samples", "8",
                "--final-noise-samples", "16", "--resamples", "5"])
     assert rc == 0
@@ -209,6 +210,9 @@ def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_name
     note = next(n for n in u["notes"] if "the last checkpoint all 2 runs share" in n)
     assert f"{out / 'member001'} (to epoch 4)" in note and str(short) not in note, note
     assert note in capsys.readouterr().out and note in (tmp_path / "r" / "summary.md").read_text()
+    assert f"{short} did not complete (run.json status running: still training, or stopped): p̂ ± σ is at epoch 2, " \
+           "not at the end of training" in u["notes"]
+    assert not any(str(out / "member001") in n for n in u["notes"] if "did not complete" in n)
 
 
 def _bad(capsys, argv):

@@ -62,6 +62,7 @@ CASES = [
     ("missing data file", ["--set", "environment.data_file=/nonexistent/ref.h5"], None,
      ["/nonexistent/ref.h5", "no such file"]),
     ("corrupt data file", [], lambda t, o: _data(_corrupt(t / "bad.h5")), ["bad.h5", "not a readable HDF5"]),
+    ("data file is a directory", [], lambda t, o: _data(t), ["is a directory, not an HDF5 file"]),
     ("wrong dataset name", [], lambda t, o: _data(h5(t / "bad.h5", name="evts")), ["no dataset 'events'", "evts"]),
     ("wrong shape", [], lambda t, o: _data(h5(t / "bad.h5", data=np.ones((10, 3), np.float32))),
      ["'events'", "(10, 3)", "expected (N>0, 2)"]),
@@ -199,10 +200,14 @@ def test_a_data_files_truth_is_the_runs(tmp_path, capsys):
 
 
 def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_do(tmp_path, capsys):
+    """--resume of a run at epoch 2: --epochs 1 is one line, no --epochs has nothing to do (one line, exit 0), and
+    --epochs 3 trains on in the precision its start resolved."""
     out = tmp_path / "out"
-    assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--output-dir", str(out)]) == 0
+    assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--set", "train.amp=auto", "--output-dir",
+                        str(out)]) == 0
     capsys.readouterr()
     metrics = (out / "metrics.jsonl").read_text()
+    started = json.loads((out / "run.json").read_text())
     assert main(["--resume", "--epochs", "1", "--no-progress", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is at epoch 2 already, beyond train.epochs=1" in err[0] and "--epochs 2" in err[0], err
@@ -212,6 +217,11 @@ def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_d
                               f"--epochs to train on)" and cap.out == ""
     assert (out / "metrics.jsonl").read_text() == metrics and json.loads((out / "run.json").read_text())[
         "status"] == "complete"
+    # trained on: the precision its start resolved (train.amp=auto) is kept, and so is that start's record
+    assert main(["--resume", "--epochs", "3", "--no-progress", "--output-dir", str(out)]) == 0
+    resumed = json.loads((out / "run.json").read_text())
+    assert resumed["status"] == "complete" and resumed["resumes"][0]["epoch"] == 2
+    assert resumed["config"]["train"]["amp"] == "auto" and resumed["precision"] == started["precision"]
 
 
 def test_unknown_mode_is_refused_by_argparse(tmp_path, capsys):

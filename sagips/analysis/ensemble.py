@@ -515,6 +515,11 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                        + ", ".join(f"{r.path} (to epoch {r.epochs()[-1]})" for r in later[:3])
                        + (f" and {len(later) - 3} more" if len(later) > 3 else "")
                        + " trained longer, and their later checkpoints are not used here (analyse them apart)")
+    running = [r for r in g.runs if r.info.get("status") not in (None, "complete")]
+    if running:  # (a stopped run's status stays "running" until --resume completes it)
+        u.notes.append(", ".join(str(r.path) for r in running[:3]) + (f" and {len(running) - 3} more" if len(running)
+                       > 3 else "") + " did not complete (run.json status running: still training, or stopped): "
+                       f"p̂ ± σ is at epoch {int(g.epochs[-1])}, not at the end of training")
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -85,6 +85,8 @@ def open_reference(path: str):
 
     if not os.path.exists(path):
         raise DataError(f"data file {path}: no such file (check environment.data_file)")
+    if os.path.isdir(path):
+        raise DataError(f"data file {path}: is a directory, not an HDF5 file (check environment.data_file)")
     try:
         return h5py.File(path, "r")
     except OSError as e:
