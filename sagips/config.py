@@ -259,6 +259,14 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             raise ConfigError(f"{key}: expected true or false, got {value!r}")
         return value
     if tp is int:
+        if isinstance(value, (str, float)) and not isinstance(value, bool):
+            # a whole number written as 1e6 or 1.6e7 (YAML 1.1 reads `1e6` as a string): what the user means
+            try:
+                whole = float(value)
+            except ValueError:
+                whole = float("nan")
+            if whole.is_integer():
+                value = int(whole)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return value

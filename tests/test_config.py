@@ -32,6 +32,17 @@ def test_set_values_are_yaml():
     assert parse_set("a.b=[1, 2]") == (["a", "b"], [1, 2])
 
 
+def test_a_whole_number_may_be_written_as_a_float():
+    """`--set environment.reference_events=1e5` (YAML 1.1 reads `1e5` as a string), or 2.0e3: the integer meant;
+    1.5, ten or inf are still one-line errors."""
+    c = load(None, ["environment.reference_events=1e5", "train.epochs=2.0e3"])
+    assert c.environment.reference_events == 100_000 and type(c.environment.reference_events) is int
+    assert c.train.epochs == 2000 and type(c.train.epochs) is int
+    for bad in ("1.5", "ten", "inf", ".nan", "1e400"):
+        with pytest.raises(ConfigError, match="train.epochs: expected an integer, got"):
+            load(None, [f"train.epochs={bad}"])
+
+
 def test_yes_no_on_off_are_words_except_where_a_boolean_is_expected(tmp_path):
     """YAML 1.1 reads on/off/yes/no as booleans: a label `yes` became 'on', and `--set train.amp=no` was told it
     got 'off'. Config values read them as words (YAML 1.2: only true/false are booleans); a boolean key still takes
