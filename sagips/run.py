@@ -288,11 +288,18 @@ def main(argv=None, peer=None) -> int:
         return 1
 
 
+_reported: list = []  # the error this rank printed (abort_job; MPI_Abort may return before the job is torn down)
+
+
 def abort_job(world) -> None:
     """One rank failed: print its traceback, naming the rank, and abort the whole job (never leave the others
-    hanging in a collective). Call it from inside the `except` block that caught the error."""
-    sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
-    sys.stderr.flush()
+    hanging in a collective). Call it from inside the `except` block that caught the error; a second call (the
+    error raised on to main while MPI_Abort tears the job down) prints nothing again."""
+    error = sys.exc_info()[1]
+    if not any(e is error for e in _reported):
+        _reported[:] = [error]
+        sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
     if world.size > 1:
         time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
         world.Abort(1)
@@ -749,10 +756,11 @@ def _build_trainer(r: _Run) -> None:
     local_quality = r.rma or comm.size == 1
     r.gathers_quality = not local_quality  # (a log epoch then waits for every rank: sagips/comm/stop.py)
 
-    def gather_quality(q):
+    def gather_quality(q, epoch=-1):
         if local_quality:
             return [q]
-        return watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="quality gather")
+        return watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="quality gather",
+                                    epoch=epoch)
 
     r.trainer = Trainer(cfg, r.env, comm.rank, comm.size, r.out_dir, exchange=None, gather_quality=gather_quality,
                         is_root=r.is_root, share=lambda obj: comm.bcast(obj, root=0),
@@ -963,7 +971,8 @@ def _finish(r: _Run) -> None:
         # the logged quality was rank 0's generator alone (see _build_trainer); the final one is the run's: every
         # rank's generator, combined as in the other modes (the ensemble mean of eq. 7), gathered once, after fit
         q = env.quality(trainer.G_eval, cfg.train.quality_samples)
-        all_q = watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="final quality gather")
+        all_q = watchdog.gather_json(comm, q, 0, timeout_s=cfg.comm.timeout_s or None, what="final quality gather",
+                                     epoch=state.epoch)
         final_q = env.combine_quality(all_q) if r.is_root else None
     train_s = comm.gather(state.time_s, root=0)
     walls = comm.gather(r.wall, root=0)

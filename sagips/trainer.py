@@ -134,7 +134,7 @@ class FaultDrill(RuntimeError):
 
 class Trainer:
     def __init__(self, cfg: Config, env: Environment, rank: int, world_size: int, out_dir: str,
-                 exchange: Exchange | None = None, gather_quality: Callable[[dict], list[dict] | None] | None = None,
+                 exchange: Exchange | None = None, gather_quality: Callable[[dict, int], list[dict] | None] | None = None,
                  is_root: bool = True, share: Callable[[Any], Any] | None = None, computes_quality: bool = True,
                  decide: Callable[[Callable[[], Any]], Any] | None = None):
         """share: a broadcast from rank 0 of the run (e.g. comm.bcast), so that every rank runs in the precision that
@@ -737,7 +737,7 @@ class Trainer:
         if not self.computes_quality:
             return
         q = self.env.quality(self.G_eval, self.cfg.train.quality_samples)
-        all_q = self.gather_quality(q) if self.gather_quality is not None else [q]
+        all_q = self.gather_quality(q, epoch) if self.gather_quality is not None else [q]
         if not self.is_root:
             return
         run_q = self.env.combine_quality(all_q) if len(all_q) > 1 else q

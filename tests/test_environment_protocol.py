@@ -111,7 +111,7 @@ def trainer(tmp_path, epochs, data_seed=0, gather=None):
 
 
 def test_trains_logs_and_combines_through_the_protocol(tmp_path):
-    tr = trainer(tmp_path, 3, gather=lambda q: [q, q])  # as if two ranks reported
+    tr = trainer(tmp_path, 3, gather=lambda q, epoch: [q, q])  # as if two ranks reported
     tr.fit(progress=False)
     assert tr.state.epoch == 3 and tr.env.g_steps == 3
     assert tr.last_quality == {"params": tr.env.quality(tr.G, 8)["params"], "ranks": 2}

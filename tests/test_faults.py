@@ -101,6 +101,7 @@ def test_an_error_on_one_rank_ends_the_job_at_once_and_names_it(tmp_path, mode, 
                 timeout=90)
     assert r.returncode != 0
     assert "sagips: rank 1 failed" in r.stderr and "FaultDrill" in r.stderr and "fault drill" in r.stderr
+    assert r.stderr.count("sagips: rank 1 failed") == 1, r.stderr  # once (it was printed again by main)
     assert time.time() - t0 < 90
 
 

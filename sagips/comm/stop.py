@@ -99,7 +99,9 @@ class StopAgreement:
         same ones), join step 2 if a stop was flagged that this rank had not yet seen, reduce the final saved states
         into `complete`, and free the communicators."""
         reqs = [req for _, req, _, _ in self.pending]
-        watchdog.wait_all(reqs, self.timeout_s, "stop agreement", self.comm, epoch, self._others)
+        # they complete one by one as the slowest rank ends its epochs (rma-arar-arar lets it lag up to max_ahead):
+        # the watchdog restarts at each, so a straggler that still trains is waited for
+        watchdog.wait_all(reqs, self.timeout_s, "stop agreement", self.comm, epoch, self._others, progress=True)
         for _, _, res, _ in self.pending:
             self.complete = max(self.complete, int(-res[1]))
         if self.target is None and any(res[0] for _, _, res, _ in self.pending):

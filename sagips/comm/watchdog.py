@@ -37,11 +37,13 @@ def world_ranks(comm: MPI.Comm, ranks: Sequence[int]) -> list[int]:
 
 
 def wait_all(requests: list[MPI.Request], timeout_s: float | None, what: str, comm: MPI.Comm, epoch: int,
-             peers: Sequence[int]) -> None:
+             peers: Sequence[int], progress: bool = False) -> None:
     """Wait for all `requests`; abort the job if that takes longer than `timeout_s` seconds.
 
     `peers` are ranks of `comm`: either one per request (peers[i] is the other side of requests[i], so that only the
-    peers still missing are named) or simply the ranks involved. `timeout_s` None or <= 0 waits forever.
+    peers still missing are named) or simply the ranks involved. `timeout_s` None or <= 0 waits forever. `progress`:
+    requests that complete one after another as a slower rank works through its epochs (the stop agreement's end):
+    the clock restarts at each completion, so a rank that is slow but alive is waited for, one that stops is not.
     """
     if not requests:
         return
@@ -53,7 +55,12 @@ def wait_all(requests: list[MPI.Request], timeout_s: float | None, what: str, co
         return
     start = clock()
     sleep_s = _MIN_SLEEP_S
+    done = sum(r == MPI.REQUEST_NULL for r in requests) if progress else 0
     while not testall(requests):
+        if progress:
+            now_done = sum(r.Test() for r in requests)  # (a completed request is freed: Test() is then true)
+            if now_done > done:
+                done, start, sleep_s = now_done, clock(), _MIN_SLEEP_S
         waited = clock() - start
         if waited < _SPIN_S:
             continue
@@ -92,8 +99,15 @@ def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers) -> None:
 # Blocking collectives done as nonblocking + wait_all, so that they are covered by the watchdog too.
 
 def bcast(comm: MPI.Comm, buf, root: int, *, timeout_s: float | None, what: str, epoch: int = -1) -> None:
-    """In-place broadcast of the numpy array `buf` from `root` (Ibcast + wait_all)."""
-    wait_all([comm.Ibcast(buf, root=root)], timeout_s, what, comm, epoch, [root])
+    """In-place broadcast of the numpy array `buf` from `root` (Ibcast + wait_all). A rank that waits waits for the
+    root; the root waits for the others (which of them MPI cannot tell)."""
+    wait_all([comm.Ibcast(buf, root=root)], timeout_s, what, comm, epoch, _awaited(comm, root))
+
+
+def _awaited(comm: MPI.Comm, root: int) -> list[int]:
+    """Whom a rank waits for in a rooted collective: the root, or, on the root, every other rank."""
+    me = comm.Get_rank()
+    return [root] if me != root else [r for r in range(comm.Get_size()) if r != me]
 
 
 def barrier(comm: MPI.Comm, *, timeout_s: float | None, what: str, epoch: int = -1) -> None:
@@ -129,7 +143,7 @@ def gather_json(comm: MPI.Comm, obj, root: int = 0, *, timeout_s: float | None, 
     size = np.array([raw.size], dtype=np.int64)
     is_root = comm.Get_rank() == root
     sizes = np.zeros(comm.Get_size(), dtype=np.int64) if is_root else None
-    peers = list(range(comm.Get_size()))
+    peers = _awaited(comm, root)
     wait_all([comm.Igather([size, MPI.INT64_T], [sizes, MPI.INT64_T] if is_root else None, root=root)], timeout_s, what,
              comm, epoch, peers)
     recv = None
