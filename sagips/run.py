@@ -23,7 +23,7 @@ import time
 import traceback
 
 import sagips.comm  # noqa: F401  (sets the MPI thread level before mpi4py.MPI is imported)
-from sagips.config import MODES, ConfigError, config_to_dict, describe, load
+from sagips.config import MODES, ConfigError, config_to_dict, describe, load, parse_set
 from sagips.supervise import is_supervised
 
 EXIT_USAGE = 2
@@ -376,24 +376,32 @@ def _configure(r: _Run) -> None:
     if cfg.comm.inner_size > comm.size:
         raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} is larger than the ranks of a run "
                           f"({comm.size}); use at most {comm.size}, or 0 for one group per node")
-    if cfg.mode == "rma-arar-arar" and cfg.comm.inner_size and not cfg.comm.allow_cross_node_rma:
-        # one-sided MPI across nodes has known hangs on Slingshot (docs/polaris.md): only on the user's word
-        from sagips.comm.topology import groups_across_nodes, node_of_ranks
-
-        across = groups_across_nodes(node_of_ranks(comm), cfg.comm.inner_size)
-        if across:
-            raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} puts ranks of several nodes into {len(across)} "
-                              f"RMA group(s) (the first: ranks {across[0][0]}-{across[0][-1]}), where one-sided MPI "
-                              f"can hang (docs/polaris.md); use a size that keeps each group on one node (0: one "
-                              f"group per node), or set comm.allow_cross_node_rma=true to take that risk")
     for key in ("delay_ranks", "fail_ranks"):
         bad = [x for x in getattr(cfg.pipeline, key) if not 0 <= x < comm.size]
         if bad:
             raise ConfigError(f"pipeline.{key}: rank {bad[0]} does not exist in a run of {comm.size} ranks")
-    # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work per
-    # rank must not grow with the ranks (400 ranks reading the same files on Lustre)
-    on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
-    r.prev_run = prev_run = on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
+
+    def member_checks():  # (what may differ between ensemble members: agreed over the world below)
+        if cfg.mode == "rma-arar-arar" and cfg.comm.inner_size and not cfg.comm.allow_cross_node_rma:
+            # one-sided MPI across nodes has known hangs on Slingshot (docs/polaris.md): only on the user's word
+            from sagips.comm.topology import groups_across_nodes, node_of_ranks
+
+            across = groups_across_nodes(node_of_ranks(comm), cfg.comm.inner_size)
+            if across:
+                raise ConfigError(f"comm.inner_size={cfg.comm.inner_size} puts ranks of several nodes into "
+                                  f"{len(across)} RMA group(s) (the first: ranks {across[0][0]}-{across[0][-1]}), "
+                                  f"where one-sided MPI can hang (docs/polaris.md); use a size that keeps each group "
+                                  f"on one node (0: one group per node), or set comm.allow_cross_node_rma=true to "
+                                  f"take that risk")
+        # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work
+        # per rank must not grow with the ranks (400 ranks reading the same files on Lustre)
+        on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
+        return on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
+
+    from sagips.io.refdata import DataError
+
+    # agreed over the world: a member whose directory cannot be used fails the job, no other member waits for it
+    r.prev_run = prev_run = agree(world, member_checks, error=(ConfigError, DataError))
     r.resume_from = None
     # what differs from the saved run (e.g. --resume --config with a preset or defaults that changed since the run
     # started): named once the resume has succeeded, so that a refused resume stays one line
@@ -463,6 +471,9 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
     values, names = found
     if isinstance(current, dict):  # a ParametricEnvironment's: name -> value
         order = list(current)
+        if len(values) != len(order):
+            raise DataError(f"data file {data_file}: its true_params have {len(values)} values, environment "
+                            f"{cfg.environment.name!r} has {len(order)} parameters ({', '.join(order)})")
         names = names or order
         if sorted(names) != sorted(order):
             raise DataError(f"data file {data_file}: its true_params are for parameters {', '.join(names)}, "
@@ -478,12 +489,23 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
     if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(now, was)):
         return cfg
     shown = ", ".join(f"{v:.6g}" for v in now)
-    named = [item.split("=", 1)[0].strip() for item in r.args.set
-             if item.split("=", 1)[0].strip().startswith("environment.true_params")]
-    if named:
-        raise ConfigError(f"{named[0]} (--set) differs from the truth that data file {data_file} was made at "
-                          f"(true_params {shown}): drop the --set (a data file's truth is the run's), or make the data "
-                          f"at that truth (python -m sagips.data ... --set true_params...)")
+    for item in r.args.set:  # a --set that names a value of the truth: it must be the file's
+        path, value = parse_set(item)
+        if path[:2] != ["environment", "true_params"]:
+            continue
+        given = {path[2]: value} if len(path) > 2 else value
+        pairs = (given.items() if isinstance(given, dict) and isinstance(truth, dict) else
+                 zip(range(len(truth)), given) if isinstance(given, list) and isinstance(truth, list) else [])
+        for key, v in pairs:
+            try:
+                differs = not math.isclose(float(v), truth[key], rel_tol=1e-9)
+            except (TypeError, ValueError, KeyError, IndexError):
+                differs = True  # (a --set the config would refuse anyway)
+            if differs:
+                raise ConfigError(f"{item.split('=', 1)[0].strip()} (--set) differs from the truth that data file "
+                                  f"{data_file} was made at (true_params {shown}): drop the --set (a data file's "
+                                  f"truth is the run's), or make the data at that truth (python -m sagips.data ... "
+                                  f"--set true_params...)")
     try:
         cfg = load(r.args.config, [*r.args.set, f"environment.true_params={json.dumps(truth)}"], flags, base=base)
     except ConfigError as e:

@@ -116,6 +116,22 @@ def test_an_error_on_one_rank_only_before_training_ends_every_rank_with_one_line
     assert lines == ["sagips: error: data file /nfs/heldout.h5 is missing on this node (rank 1)"], lines
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_ensemble_member_whose_directory_cannot_be_used_ends_the_job(tmp_path, resume):
+    """Of 2 members, member000's directory holds a run (without --resume: refused) or member001's holds none (with
+    --resume, as after a changed --ensemble-size): every rank exits 2 with one line; the other member used to wait in
+    the next collective of the world until the job was killed."""
+    out = tmp_path / "job"
+    (out / "member000").mkdir(parents=True)
+    (out / "member000" / "run.json").write_text(json.dumps({"status": "running", "environment": "proxy1d",
+                                                            "world_size": 1, "mode": "ensemble"}))
+    r = run_mpi(2, RUN + ["--mode", "ensemble", "--set", "comm.inner_size=0", "--ensemble-size", "2",
+                          "--output-dir", str(out)] + (["--resume"] if resume else []), timeout=90)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert ("holds no run (no run.json)" if resume else "already holds a run") in lines[0], lines[0]
+
+
 def test_an_error_in_rank_0s_end_of_run_report_ends_the_job(tmp_path):
     """The other ranks wait for rank 0's end-of-run report without a timeout (sagips/run.py, _finish): an error in it
     aborts the job, naming rank 0, instead of leaving them waiting."""

@@ -70,6 +70,22 @@ def test_the_truth_of_a_data_file_made_elsewhere_is_the_runs(env, tmp_path, monk
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith("sagips: error: environment.true_params.b (--set) differs from the truth that data "
                                f"file {data} was made at (true_params 1.7, 0.3, 0.9)"), lines[0]
+    # a --set that agrees with the file is no conflict (the config's other values, the defaults, give way)
+    r = run_py(TINY + ["--epochs", "1", "--set", f"environment.data_file={data}", "--set",
+                       "environment.true_params.b=0.3", "--set", "environment.true_params.a=1.7", "--output-dir",
+                       str(tmp_path / "same")], env=env[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    # a file whose truth has too few values (and no names) is one line
+    import h5py
+
+    with h5py.File(data, "a") as f:
+        f.attrs["true_params"] = [1.7, 0.3]
+        del f.attrs["parameter_names"]
+    r = run_py(TINY + ["--epochs", "1", "--set", f"environment.data_file={data}", "--output-dir",
+                       str(tmp_path / "short")], env=env[0])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "its true_params have 2 values, environment 'toy1d' has 3 parameters (a, b, c)" in lines[0], lines[0]
 
 
 def test_one_rank_resumes_bit_identically(env, tmp_path):

@@ -101,7 +101,8 @@ class StopAgreement:
         reqs = [req for _, req, _, _ in self.pending]
         # they complete one by one as the slowest rank ends its epochs (rma-arar-arar lets it lag up to max_ahead):
         # the watchdog restarts at each, so a straggler that still trains is waited for
-        watchdog.wait_all(reqs, self.timeout_s, "stop agreement", self.comm, epoch, self._others, progress=True)
+        watchdog.wait_all(reqs, self.timeout_s, "stop agreement", self.comm, epoch, self._others, progress=True,
+                          paired=False)  # (one request per epoch, not per rank)
         for _, _, res, _ in self.pending:
             self.complete = max(self.complete, int(-res[1]))
         if self.target is None and any(res[0] for _, _, res, _ in self.pending):

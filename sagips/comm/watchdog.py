@@ -37,13 +37,14 @@ def world_ranks(comm: MPI.Comm, ranks: Sequence[int]) -> list[int]:
 
 
 def wait_all(requests: list[MPI.Request], timeout_s: float | None, what: str, comm: MPI.Comm, epoch: int,
-             peers: Sequence[int], progress: bool = False) -> None:
+             peers: Sequence[int], progress: bool = False, paired: bool | None = None) -> None:
     """Wait for all `requests`; abort the job if that takes longer than `timeout_s` seconds.
 
     `peers` are ranks of `comm`: either one per request (peers[i] is the other side of requests[i], so that only the
     peers still missing are named) or simply the ranks involved. `timeout_s` None or <= 0 waits forever. `progress`:
     requests that complete one after another as a slower rank works through its epochs (the stop agreement's end):
     the clock restarts at each completion, so a rank that is slow but alive is waited for, one that stops is not.
+    `paired`: whether peers[i] is the other side of requests[i] (None: where their numbers are equal).
     """
     if not requests:
         return
@@ -68,14 +69,14 @@ def wait_all(requests: list[MPI.Request], timeout_s: float | None, what: str, co
             os.sched_yield()
             continue
         if waited >= timeout_s:
-            _abort(requests, timeout_s, waited, what, comm, epoch, peers)
+            _abort(requests, timeout_s, waited, what, comm, epoch, peers, paired)
         time.sleep(sleep_s)
         sleep_s = min(2.0 * sleep_s, _MAX_SLEEP_S)
 
 
-def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers) -> None:
+def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers, paired=None) -> None:
     peers = list(peers)
-    if len(peers) == len(requests):
+    if paired if paired is not None else len(peers) == len(requests):
         # Name only the peers whose requests are still pending. Test() frees completed requests: harmless, we abort.
         missing = [p for req, p in zip(requests, peers) if not req.Test()]
         peers = sorted(set(missing)) or sorted(set(peers))
