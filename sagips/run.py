@@ -189,12 +189,6 @@ def check_resume_epoch(out_dir: str, epoch: int | None, epochs: int) -> None:
                           f"{os.path.join(out_dir, 'checkpoints')})")
 
 
-def _mpi_min():
-    from mpi4py import MPI
-
-    return MPI.MIN
-
-
 def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     """The previous run.json, after checking that this run can continue it."""
     try:
@@ -413,8 +407,8 @@ def _configure(r: _Run) -> None:
         # agreed over the world: a member that cannot resume fails the job, no member waits for it
         agree(world, check_resume_epoch, out_dir, r.resume_from[0], cfg.train.epochs, error=ConfigError)
     # a job whose every run is complete at its epochs has nothing to resume: one line, not a start-up
-    r.nothing_to_do = bool(world.allreduce(int(prev_run is not None and prev_run.get("status") == "complete"
-                                               and r.resume_from[0] == cfg.train.epochs), op=_mpi_min()))
+    done = prev_run is not None and prev_run.get("status") == "complete" and r.resume_from[0] == cfg.train.epochs
+    r.nothing_to_do = world.allreduce(int(not done)) == 0  # (every run of the job)
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
     r.precision_kept = None
     if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
