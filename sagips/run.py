@@ -24,6 +24,7 @@ import traceback
 
 import sagips.comm  # noqa: F401  (sets the MPI thread level before mpi4py.MPI is imported)
 from sagips.config import MODES, ConfigError, config_to_dict, describe, load, parse_set
+from sagips.io import status
 from sagips.supervise import is_supervised
 
 EXIT_USAGE = 2
@@ -276,10 +277,14 @@ def main(argv=None, peer=None) -> int:
     except (ConfigError, DataError) as e:
         if world.rank == 0:
             print(f"sagips: error: {e}", file=sys.stderr, flush=True)
+        status.failed(f"{e}", every_rank_raised=True)  # (after training began: a first-epoch check)
         return EXIT_USAGE
     except Exception:
         abort_job(world)
         return 1
+    except KeyboardInterrupt:  # (one process: under a launcher, each rank reports it in abort_job)
+        status.failed("interrupted (KeyboardInterrupt)")
+        raise
 
 
 _reported: list = []  # the error this rank printed (abort_job; MPI_Abort may return before the job is torn down)
@@ -294,6 +299,7 @@ def abort_job(world) -> None:
         _reported[:] = [error]
         sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
+        status.failed(f"rank {world.rank}: {traceback.format_exception_only(error)[-1]}")
     if world.size > 1:
         time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
         world.Abort(1)
@@ -338,6 +344,9 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     _clean_up(r)
     if stopped is not None:
         _free_node_data(r)
+        if r.is_root:  # every rank saved this epoch's state: run.json says where --resume will start
+            r.run_info.update(status="stopped", stopped_at_epoch=r.state.epoch, end_time=_now())
+            write_run_json(r.out_dir, r.run_info)
         print(f"sagips: rank {r.comm.rank}: {stopped}", file=sys.stderr, flush=True)
         return 143
     _finish(r)
@@ -878,6 +887,8 @@ def _describe(r: _Run) -> None:
         from sagips.io.state import write_latest
 
         trainer.on_state_complete = lambda e: write_latest(out_dir, e, comm.size)
+    else:  # (rank 0 names it once it has written it, below)
+        status.mark(os.path.join(out_dir, "run.json"), False)
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
@@ -900,6 +911,7 @@ def _describe(r: _Run) -> None:
         run_info["startup"] = {"rank0_phases_s": r.phases, "per_rank_s": ages,
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
+        status.mark(os.path.join(out_dir, "run.json"), True)
         if r.member == 0:  # (one line per job: every member's is in its run.json)
             print(startup_line(run_info), file=sys.stderr, flush=True)
         if r.split is not None and r.member == 0 and float(run_info.get("reference_fraction") or 1.0) < 1.0:

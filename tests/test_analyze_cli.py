@@ -196,12 +196,17 @@ def test_group_by_label_and_mode(job):
     assert list(group_runs(runs, "world_size")) == ["2 ranks"]
 
 
-def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_named(job, tmp_path, capsys):
+@pytest.mark.parametrize("status,says", [
+    ("running", "status running: still training, or killed"),
+    ("stopped", "stopped at epoch 2: --resume continues it"),
+    ("failed", "failed: rank 1: FaultDrill: fault drill at epoch 3")])
+def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_named(job, tmp_path, capsys, status,
+                                                                                  says):
     _, out = job
     short = copy_run(out / "member000", tmp_path / "short")
     for rank, eps in list_checkpoints(short).items():
         eps[4].unlink()  # this run stopped at epoch 2; member001 went on to 4
-    edit_json(short / "run.json", status="running")
+    edit_json(short / "run.json", status=status, stopped_at_epoch=2, error="rank 1: FaultDrill: fault drill at epoch 3")
     rc = main([str(short), str(out / "member001"), "--out", str(tmp_path / "r"), "--noise-samples", "8",
                "--final-noise-samples", "16", "--resamples", "5"])
     assert rc == 0
@@ -210,8 +215,7 @@ def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_name
     note = next(n for n in u["notes"] if "the last checkpoint all 2 runs share" in n)
     assert f"{out / 'member001'} (to epoch 4)" in note and str(short) not in note, note
     assert note in capsys.readouterr().out and note in (tmp_path / "r" / "summary.md").read_text()
-    assert f"{short} did not complete (run.json status running: still training, or stopped): p̂ ± σ is at epoch 2, " \
-           "not at the end of training" in u["notes"]
+    assert f"{short} ({says}) did not complete: p̂ ± σ is at epoch 2, not at the end of training" in u["notes"]
     assert not any(str(out / "member001") in n for n in u["notes"] if "did not complete" in n)
 
 

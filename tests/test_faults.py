@@ -103,6 +103,30 @@ def test_an_error_on_one_rank_ends_the_job_at_once_and_names_it(tmp_path, mode, 
     assert "sagips: rank 1 failed" in r.stderr and "FaultDrill" in r.stderr and "fault drill" in r.stderr
     assert r.stderr.count("sagips: rank 1 failed") == 1, r.stderr  # once (it was printed again by main)
     assert time.time() - t0 < 90
+    # run.json tells a failed run from one still training (the failed rank wrote it before the abort)
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["end_time"], info["status"]
+    assert info["error"] == ("rank 1: sagips.trainer.FaultDrill: pipeline.fail_epoch: the fault drill's error on rank 1 "
+                             "at epoch 3"), info["error"]
+
+
+def test_a_job_that_the_watchdog_aborts_says_so_in_run_json(tmp_path):
+    """Rank 1 sleeps 30 s in its pipeline; rank 0 waits 3 s in the exchange, and the watchdog's line is the record."""
+    r = run_mpi(2, RUN + ["--mode", "arar", "--set", "comm.inner_size=0", "--output-dir", str(tmp_path / "run"),
+                          "--set", "comm.timeout_s=3", "--set", "pipeline.delay_s=30", "--set",
+                          "pipeline.delay_ranks=[1]"], timeout=90)
+    assert r.returncode != 0 and "aborting the job (comm.timeout_s=3)" in r.stderr, r.stderr[-2000:]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and re.fullmatch(r"rank 0 waited 3\.\d s in .* for rank 1", info["error"]), info
+
+
+def test_a_run_of_one_process_that_fails_says_so_in_run_json(tmp_path):
+    """Without a launcher and on rank 0 itself: the same record."""
+    r = run_mpi(1, RUN + ["--mode", "ensemble", "--set", "comm.inner_size=0", "--output-dir", str(tmp_path / "run"),
+                          "--set", "pipeline.fail_epoch=2", "--set", "pipeline.fail_ranks=[0]"], timeout=90)
+    assert r.returncode != 0 and "sagips: rank 0 failed" in r.stderr, r.stderr[-2000:]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"].startswith("rank 0: sagips.trainer.FaultDrill: "), info
 
 
 @pytest.mark.parametrize("kind", ["data", "config", "load"])

@@ -12,6 +12,7 @@ the same epoch; `--resume` continues from the newest epoch whose state exists fo
 A signal that reaches one rank only stops every rank at the same epoch, in every mode (sagips/comm/stop.py): the last
 test.
 """
+import json
 import os
 import re
 import signal
@@ -66,6 +67,8 @@ def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, ta
     for rank, epoch in stopped.items():
         assert epoch in state_epochs(out, rank), (rank, epoch, state_epochs(out, rank))
     assert resume_epoch(out, 2) == stopped[0]
+    info = json.loads((out / "run.json").read_text())  # where --resume will start, for a script that reads it
+    assert info["status"] == "stopped" and info["stopped_at_epoch"] == stopped[0], info["status"]
     assert rank_pids(str(out)) == {}, "ranks survived the stop"
     if target == "mpiexec":  # the resume from here is the same as after the ranks' own SIGTERM (the other route)
         return

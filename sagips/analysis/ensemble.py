@@ -38,6 +38,7 @@ class AnalysisError(Exception):
 
 
 # ------------------------------------------------------------------------------------------- generators -> numbers
+
 def _raw_outputs(G: torch.nn.Module, noise: torch.Tensor) -> torch.Tensor:
     return G(noise)
 
@@ -463,6 +464,16 @@ def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
     return skipped if f is None else f
 
 
+def unfinished_status(info: dict) -> str:
+    """What run.json says of a run that did not complete, in a few words."""
+    status = info.get("status")
+    if status == "stopped":
+        return f"stopped at epoch {info.get('stopped_at_epoch')}: --resume continues it"
+    if status == "failed":
+        return f"failed: {info.get('error') or 'see its log'}"
+    return f"status {status}: still training, or killed"
+
+
 def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None,
                       nonclosure: float | None = None) -> tuple[stats.Uncertainty, list[dict[str, Any]]]:
     """p^ +- sigma with its parts at the group's last checkpoint, and the convergence diagnostic (per parameter).
@@ -515,11 +526,11 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                        + ", ".join(f"{r.path} (to epoch {r.epochs()[-1]})" for r in later[:3])
                        + (f" and {len(later) - 3} more" if len(later) > 3 else "")
                        + " trained longer, and their later checkpoints are not used here (analyse them apart)")
-    running = [r for r in g.runs if r.info.get("status") not in (None, "complete")]
-    if running:  # (a stopped run's status stays "running" until --resume completes it)
-        u.notes.append(", ".join(str(r.path) for r in running[:3]) + (f" and {len(running) - 3} more" if len(running)
-                       > 3 else "") + " did not complete (run.json status running: still training, or stopped): "
-                       f"p̂ ± σ is at epoch {int(g.epochs[-1])}, not at the end of training")
+    unfinished = [r for r in g.runs if r.info.get("status") not in (None, "complete")]
+    if unfinished:  # (sagips.run's statuses: running, stopped, failed, complete)
+        u.notes.append(", ".join(f"{r.path} ({unfinished_status(r.info)})" for r in unfinished[:3])
+                       + (f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else "")
+                       + f" did not complete: p̂ ± σ is at epoch {int(g.epochs[-1])}, not at the end of training")
     if u.spread_from == "members" and split:
         u.notes.append("the members learned from disjoint parts of one data set (ensemble.data=split): independent "
                        "estimates, so members = s/√M holds their statistical error and training noise exactly")

@@ -90,9 +90,12 @@ def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers, paired=None)
         who = f"rank {named[0]}"
     else:  # a barrier over 400 ranks must not print 399 numbers
         who = "ranks " + ", ".join(map(str, named[:8])) + (f", ... ({len(named)} in all)" if len(named) > 8 else "")
-    sys.stderr.write(f"sagips: rank {me} waited {waited_s:.1f} s in {what} (epoch {epoch}) for {who}; "
-                     f"aborting the job (comm.timeout_s={timeout_s:g})\n")
+    line = f"rank {me} waited {waited_s:.1f} s in {what} (epoch {epoch}) for {who}"
+    sys.stderr.write(f"sagips: {line}; aborting the job (comm.timeout_s={timeout_s:g})\n")
     sys.stderr.flush()
+    from sagips.io import status
+
+    status.failed(line)  # (run.json's status: this rank's run, docs/reliability.md)
     time.sleep(0.5)  # let the launcher forward the line before MPI_Abort tears everything down
     MPI.COMM_WORLD.Abort(ABORT_CODE)
 
