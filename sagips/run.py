@@ -6,8 +6,8 @@
     python -m sagips.run --help-config                      # every config key, its default and meaning
     python -m sagips.run --help-config --config toy1d:quick # every key as this preset resolves it
 
-Flow: config (validated before any work) -> MPI topology -> reference data (rank 0 loads or generates it and
-broadcasts it) -> environment + networks on the rank's device -> Trainer.fit() -> run.json.
+Flow: config (validated before any work) -> MPI topology -> reference data (each rank reads or generates its own
+share, sagips/io/shard.py) -> environment + networks on the rank's device -> Trainer.fit() -> run.json.
 """
 from __future__ import annotations
 
@@ -190,8 +190,9 @@ def check_resume_epoch(out_dir: str, epoch: int | None, epochs: int) -> None:
                           f"{os.path.join(out_dir, 'checkpoints')})")
 
 
-def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
-    """The previous run.json, after checking that this run can continue it."""
+def check_resumable(out_dir: str, cfg, world_size: int, baseline: str | None = None) -> dict:
+    """The previous run.json, after checking that this run can continue it. baseline: the mode of a baseline that
+    replaces the exchange (sagips.ddp's "ddp", which run.json records as ddp-gloo or ddp-nccl), else None."""
     try:
         with open(os.path.join(out_dir, "run.json")) as fh:
             prev = json.load(fh)
@@ -203,9 +204,12 @@ def check_resumable(out_dir: str, cfg, world_size: int) -> dict:
     if prev.get("world_size") != world_size:
         raise ConfigError(f"--resume: the run in {out_dir} had {prev.get('world_size')} ranks; "
                           f"resume it with the same number (mpiexec -n {prev.get('world_size')})")
-    if prev.get("mode") != cfg.mode:
-        raise ConfigError(f"--resume: the run in {out_dir} used mode {prev.get('mode')!r}; "
-                          f"pass --mode {prev.get('mode')}")
+    saved = str(prev.get("mode"))
+    if baseline is not None and not saved.startswith(f"{baseline}-"):
+        raise ConfigError(f"--resume: the run in {out_dir} used mode {saved!r}; resume it with python -m sagips.run")
+    if baseline is None and saved != cfg.mode:
+        raise ConfigError(f"--resume: the run in {out_dir} used mode {saved!r}; "
+                          + (f"pass --mode {saved}" if saved in MODES else "resume it with python -m sagips.ddp"))
     return prev
 
 
@@ -237,6 +241,23 @@ def changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif k in old and old[k] != v and f"{prefix}{k}" != "output_dir":
             out.append(f"{prefix}{k}: {old[k]!r} -> {v!r}")
     return out
+
+
+def _replace_old_outputs(r: _Run) -> None:
+    """--overwrite: the previous run's outputs; --overwrite and --resume: the last job's or run's analysis (it
+    describes outputs replaced now). Removed once every input is checked (_load_data and the builds raise the
+    one-line errors of bad input), just before the first write: bad input leaves an existing run untouched."""
+    import shutil
+
+    from sagips.analysis import job
+
+    if r.args.overwrite and r.comm.rank == 0:
+        clear_run(r.out_dir)
+    if (r.args.overwrite or r.args.resume) and r.world.rank == 0:
+        old = os.path.join(r.cfg.output_dir, job.ANALYSIS_DIR)
+        if os.path.isdir(old) and not os.path.islink(old):  # (a stat, not a listing: test_fsops counts them)
+            shutil.rmtree(old, ignore_errors=True)
+    r.world.Barrier()  # (no rank writes into a directory being cleared)
 
 
 def clear_run(out_dir: str) -> None:
@@ -399,7 +420,8 @@ def _configure(r: _Run) -> None:
         # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work
         # per rank must not grow with the ranks (400 ranks reading the same files on Lustre)
         on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
-        return on_root(comm, check_resumable, out_dir, cfg, comm.size) if args.resume else None
+        return (on_root(comm, check_resumable, out_dir, cfg, comm.size, r.peer.mode if r.peer else None)
+                if args.resume else None)
 
     from sagips.io.refdata import DataError
 
@@ -418,6 +440,8 @@ def _configure(r: _Run) -> None:
     # a job whose every run is complete at its epochs has nothing to resume: one line, not a start-up
     done = prev_run is not None and prev_run.get("status") == "complete" and r.resume_from[0] == cfg.train.epochs
     r.nothing_to_do = world.allreduce(int(not done)) == 0  # (every run of the job)
+    if r.nothing_to_do:  # (its files, the job's analysis included, are left as they are)
+        return
     resolved = ((prev_run or {}).get("precision") or {}).get("resolved")
     r.precision_kept = None
     if cfg.train.amp == "auto" and resolved in ("float32", "bf16", "fp16"):
@@ -426,17 +450,7 @@ def _configure(r: _Run) -> None:
         cfg.train.amp = {"float32": "none"}.get(resolved, resolved)
         r.precision_kept = prev_run["precision"]
     world.Barrier()  # every rank has checked the output directory before anyone writes into it
-    if args.overwrite and comm.rank == 0:
-        clear_run(out_dir)
     r.job = None
-    if (args.overwrite or args.resume) and world.rank == 0:  # the last job's or run's analysis: never this one's
-        import shutil
-
-        from sagips.analysis import job
-
-        old = os.path.join(cfg.output_dir, job.ANALYSIS_DIR)  # (it describes outputs replaced now)
-        if os.path.isdir(old) and not os.path.islink(old):  # (a stat, not a listing: test_fsops counts them)
-            shutil.rmtree(old, ignore_errors=True)
     if members > 1:  # the job's token: its members' run.json name it, so the last one to end analyses the job
         from sagips.analysis import job
 
@@ -508,7 +522,7 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
                 raise ConfigError(f"{item.split('=', 1)[0].strip()} (--set) differs from the truth that data file "
                                   f"{data_file} was made at (true_params {shown}): drop the --set (a data file's "
                                   f"truth is the run's), or make the data at that truth (python -m sagips.data ... "
-                                  f"--set true_params...)")
+                                  f"{'--true-params ...' if cfg.environment.name == 'proxy1d' else '--set true_params...'})")
     try:
         cfg = load(r.args.config, [*r.args.set, f"environment.true_params={json.dumps(truth)}"], flags, base=base)
     except ConfigError as e:
@@ -532,9 +546,11 @@ def _place(r: _Run) -> None:
     import torch
 
     from sagips.environment import get_environment
-    from sagips.trainer import rank_seeds, select_device, set_threads
+    from sagips.io.shard import agree
+    from sagips.trainer import rank_seeds, set_threads
 
-    r.device = select_device(r.cfg.train.device, local_rank)
+    # agreed: a node without CUDA (or without a driver) is an error of every rank, in one line
+    r.device = agree(r.world, device_for, r.cfg, local_rank, error=ConfigError)
     r.threads = set_threads(r.cfg.train.threads, node_cpus)
     if r.device.type == "cpu":  # reuse freed activation memory instead of faulting in fresh pages every step
         from sagips.perf import retain_freed_memory
@@ -546,6 +562,20 @@ def _place(r: _Run) -> None:
     r.torch_seed, r.np_seed = rank_seeds(r.cfg.seed, r.member, r.comm.rank)
     torch.manual_seed(r.torch_seed)
     r.phase("imports")
+
+
+def device_for(cfg, local_rank: int):
+    """This rank's device (train.device), and the settings that need CUDA refused in one line where it has none."""
+    from sagips.trainer import select_device
+
+    device = select_device(cfg.train.device, local_rank)
+    if device.type != "cuda":
+        if cfg.train.amp == "fp16":
+            raise ConfigError(f"train.amp=fp16 needs CUDA (this rank runs on {device}); use train.amp=auto, or bf16")
+        if cfg.train.cuda_graph == "on":
+            raise ConfigError(f"train.cuda_graph=on needs a CUDA device (this rank runs on {device}); use "
+                              f"train.cuda_graph=auto or off")
+    return device
 
 
 def data_parallel_settings(cfg, env_cls, averaged: int) -> tuple[object, dict | None]:
@@ -825,6 +855,7 @@ def _describe(r: _Run) -> None:
     """run.json (rank 0), the resumed state, the state marker and the stop agreement."""
     from sagips.io import refdata
 
+    _replace_old_outputs(r)
     cfg, comm, trainer, env, out_dir = r.cfg, r.comm, r.trainer, r.env, r.out_dir
     n_params = sum(p.numel() for p in trainer.G.parameters())
     config = config_to_dict(cfg)

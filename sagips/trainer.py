@@ -25,7 +25,7 @@ import torch
 
 from sagips.chunked import auto_chunk_rows
 from sagips.comm.buffer import GradBuffer
-from sagips.config import Config
+from sagips.config import Config, ConfigError
 from sagips.environment import Environment
 from sagips.io.checkpoint import save_checkpoint
 from sagips.io.metrics import MetricsWriter
@@ -46,7 +46,7 @@ def select_device(kind: str, local_rank: int) -> torch.device:
     if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available on this host; use train.device=auto")
+        raise ConfigError("train.device=cuda but CUDA is not available on this host; use train.device=auto")
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
@@ -289,8 +289,6 @@ class Trainer:
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         if sd.get("environment") != self.env.name:
-            from sagips.config import ConfigError
-
             raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
                               f"this run is {self.env.name!r}")
         for name, net in (("generator", self.G), ("discriminator", self.D)):

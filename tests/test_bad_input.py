@@ -41,6 +41,10 @@ def forged_run(out, environment="proxy1d", world_size=1, mode="ensemble", saved_
 
 # (id, extra argv, setup(tmp_path, out) -> extra argv or None, fragments the one line must contain)
 CASES = [
+    ("fp16 on a CPU", ["--set", "train.device=cpu", "--set", "train.amp=fp16"], None,
+     ["train.amp=fp16 needs CUDA (this rank runs on cpu)", "train.amp=auto"]),
+    ("CUDA graphs on a CPU", ["--set", "train.device=cpu", "--set", "train.cuda_graph=on"], None,
+     ["train.cuda_graph=on needs a CUDA device (this rank runs on cpu)", "auto or off"]),
     ("unknown key", ["--set", "train.lr_gg=1e-4"], None, ["unknown config key 'train.lr_gg'"]),
     ("unknown key in a preset", [], lambda t, o: ["--config", str(_yaml(t, "train:\n  learning_rate: 1\n"))],
      ["train.learning_rate"]),
@@ -211,7 +215,10 @@ def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_d
     assert main(["--resume", "--epochs", "1", "--no-progress", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is at epoch 2 already, beyond train.epochs=1" in err[0] and "--epochs 2" in err[0], err
-    assert main(["--resume", "--no-progress", "--output-dir", str(out)]) == 0
+    (out / "analysis").mkdir(exist_ok=True)
+    (out / "analysis" / "summary.md").write_text("p^ +- sigma")  # (the run's analysis: a job script that always
+    assert main(["--resume", "--no-progress", "--output-dir", str(out)]) == 0  # resumes must not remove it)
+    assert (out / "analysis" / "summary.md").read_text() == "p^ +- sigma"
     cap = capsys.readouterr()
     assert cap.err.strip() == f"sagips: {out} is complete at train.epochs=2: nothing to resume (give a larger " \
                               f"--epochs to train on)" and cap.out == ""
@@ -222,6 +229,25 @@ def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_d
     resumed = json.loads((out / "run.json").read_text())
     assert resumed["status"] == "complete" and resumed["resumes"][0]["epoch"] == 2
     assert resumed["config"]["train"]["amp"] == "auto" and resumed["precision"] == started["precision"]
+
+
+@pytest.mark.parametrize("bad", [["--set", "environment.data_file=missing.h5"],
+                                 ["--set", "analysis.nonclosure={r_9: 1}"]], ids=["data file", "parameter name"])
+def test_overwrite_with_bad_input_leaves_the_run_untouched(tmp_path, capsys, bad):
+    """--overwrite removes the old outputs only once every input is checked: bad input found while the data are
+    loaded or the run is built is one line, exit 2, and the old run is still there."""
+    out = tmp_path / "out"
+    assert main(TINY + ["--epochs", "2", "--output-dir", str(out)]) == 0
+    (out / "analysis").mkdir()
+    (out / "analysis" / "summary.md").write_text("p^ +- sigma")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(TINY + bad + ["--overwrite", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sagips: error: "), err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert main(TINY + ["--overwrite", "--output-dir", str(out)]) == 0  # (and a good one replaces it)
+    assert not (out / "analysis").exists() and json.loads((out / "run.json").read_text())["epochs"] == 1
 
 
 def test_unknown_mode_is_refused_by_argparse(tmp_path, capsys):

@@ -3,6 +3,7 @@ gradient exchanged (comm.exchange_bias=true) it must give the same generators as
 averages the same gradients with MPI_Allreduce (2 ranks: the sum and the halving are exact in float32)."""
 import json
 
+import pytest
 import torch
 
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
@@ -12,13 +13,20 @@ EPOCHS = 4
 ARGS = ["--config", "configs/proxy1d-quick.yaml", "--no-progress", "--epochs", str(EPOCHS),
         "--set", "environment.reference_events=20000", "--set", "environment.param_samples=16",
         "--set", "environment.events_per_sample=20", "--set", "train.quality_samples=16",
-        "--set", "train.log_every=2", "--set", "comm.exchange_bias=true"]
+        "--set", "train.log_every=2", "--set", "comm.exchange_bias=true",
+        "--set", "train.lr_final=1"]  # (no decay over train.epochs: a run cut at epoch 2 then resumed is the same run)
 
 
-def test_ddp_peer_trains_and_equals_the_allreduce_mode(tmp_path):
-    ddp, ar = tmp_path / "ddp", tmp_path / "allreduce"
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    ddp = tmp_path_factory.mktemp("ddp") / "run"
     r = run_mpi(2, ["-m", "sagips.ddp", *ARGS, "--output-dir", str(ddp)], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    return ddp
+
+
+def test_ddp_peer_trains_and_equals_the_allreduce_mode(tmp_path, ddp_run):
+    ddp, ar = ddp_run, tmp_path / "allreduce"
     r = run_mpi(2, ["-m", "sagips.run", *ARGS, "--mode", "allreduce", "--output-dir", str(ar)], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((ddp / "run.json").read_text())
@@ -32,3 +40,28 @@ def test_ddp_peer_trains_and_equals_the_allreduce_mode(tmp_path):
         for k in gd:
             assert torch.equal(gd[k], ga[k]), f"rank {rank} {k}: DDP and allreduce differ"
     assert any(not torch.equal(g0[k], gd[k]) for k in g0)  # it trained
+
+
+def test_a_ddp_run_resumes_with_sagips_ddp_as_if_never_stopped(tmp_path, ddp_run):
+    """--resume of the baseline (run.json's mode ddp-gloo) continues it bit-identically; sagips.run refuses it in one
+    line, and sagips.ddp refuses a run of sagips.run's."""
+    cut = tmp_path / "cut"
+    r = run_mpi(2, ["-m", "sagips.ddp", *ARGS, "--epochs", "2", "--set", "train.state_every=1", "--output-dir",
+                    str(cut)], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_mpi(2, ["-m", "sagips.run", "--resume", "--epochs", str(EPOCHS), "--no-progress", "--output-dir",
+                    str(cut)], timeout=180)
+    assert r.returncode == 2 and "used mode 'ddp-gloo'; resume it with python -m sagips.ddp" in r.stderr, r.stderr
+    r = run_mpi(2, ["-m", "sagips.ddp", "--resume", "--epochs", str(EPOCHS), "--no-progress", "--output-dir",
+                    str(cut)], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((cut / "run.json").read_text())
+    assert info["mode"] == "ddp-gloo" and info["status"] == "complete" and info["resumes"][0]["epoch"] == 2
+    a, b = list_checkpoints(ddp_run), list_checkpoints(cut)
+    for rank in (0, 1):
+        ga, gb = load_checkpoint(a[rank][EPOCHS])["generator"], load_checkpoint(b[rank][EPOCHS])["generator"]
+        for k in ga:
+            assert torch.equal(ga[k], gb[k]), f"rank {rank} {k}: the resumed DDP run differs"
+    r = run_mpi(2, ["-m", "sagips.ddp", "--resume", "--epochs", "3", "--no-progress", "--output-dir",
+                    str(ddp_run.parent / "nothing")], timeout=60)
+    assert r.returncode == 2, r.stderr

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sagips.config import load
+from sagips.errors import ConfigError
 from sagips.trainer import Trainer, select_device
 from sagips_environments.proxy1d import Proxy1D
 
@@ -87,7 +88,7 @@ def test_device_choice():
         assert select_device("auto", 5) == torch.device("cuda", 5 % torch.cuda.device_count())
     else:
         assert select_device("auto", 5) == torch.device("cpu")
-        with pytest.raises(RuntimeError, match="CUDA is not available"):
+        with pytest.raises(ConfigError, match="CUDA is not available on this host; use train.device=auto"):
             select_device("cuda", 0)
 
 
