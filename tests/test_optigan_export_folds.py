@@ -122,3 +122,16 @@ def test_fold_layer_refuses_what_it_cannot_write():
     with pytest.raises(ConfigError, match="fold_layer=true needs environment.output_bounds=reflect"):
         load("configs/optigan-quick.yaml", [*SMALL, "environment.fold_layer=true", "environment.output_bounds=none",
                                             "environment.energy_bounds=false"])
+
+
+def test_the_check_does_not_need_the_runs_starting_generator(tmp_path, monkeypatch):
+    """A fine-tuned run's environment.init_generator (a path relative to where it started, or moved since) is not
+    needed to score the export: it is not read, and does not fail the export."""
+    (tmp_path / "run").mkdir()
+    ck, env, _ = _stretched_run(tmp_path / "run", "environment.fold_layer=false", seed=0)
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    info["config"]["environment"]["init_generator"] = "runs/old/model_3341.pt"  # (not there)
+    (tmp_path / "run" / "run.json").write_text(json.dumps(info))
+    monkeypatch.chdir(tmp_path)
+    q = export_opengate(ck, tmp_path / "model.pt", distill_steps=0, force=True)["quality"]
+    assert np.isfinite(q["export"]["js"]) and np.isfinite(q["run"]["js"])

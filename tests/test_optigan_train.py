@@ -74,6 +74,48 @@ def test_export_cli_of_a_trained_checkpoint(run, tmp_path, capsys):
     assert export_main([str(dst), "--out", str(tmp_path / "x.pt")]) == 2  # not a SAGIPS checkpoint: a clear error
 
 
+def test_export_with_an_origin_takes_and_gives_gates_coordinates(run, tmp_path):
+    """--origin: opengate passes global conditions; the file then gives the photons' X, Y in the same (GATE) frame,
+    the crystal's network shifted exactly: plain(z, c + o) = G(z, c) + (o_x, o_y, 0, 0, 0, 0)."""
+    from sagips_environments.optigan.export import main as export_main
+    from sagips_environments.optigan.opengate import PlainGenerator
+
+    out, trainer, _, _ = run
+    o = torch.tensor([5.0, -7.0, 120.0])
+    assert export_main([str(list_checkpoints(out)[0][6]), "--out", str(tmp_path / "g.pt"), "--origin",
+                        *map(str, o.tolist())]) == 0
+    plain = PlainGenerator()
+    plain.load_state_dict(torch.load(tmp_path / "g.pt", map_location="cpu", weights_only=True)["generator_state_dict"])
+    z, c = torch.randn(512, 10), torch.rand(512, 3)
+    with torch.no_grad():
+        got, want = plain(torch.cat([z, c + o], 1)), trainer.G(torch.cat([z, c], 1))
+    torch.testing.assert_close(got[:, 2:], want[:, 2:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[:, :2], want[:, :2] + o[:2], rtol=1e-4, atol=1e-4)
+
+
+def test_a_training_state_exports_its_weight_average(run, tmp_path, capsys):
+    """A state file (state/rankR/epochE.pt) given as CHECKPOINT: its weight average (train.ema > 0), which the
+    run's checkpoints hold and its quality measured, not the raw generator beside it."""
+    from sagips_environments.optigan.export import main as export_main
+    from sagips_environments.optigan.opengate import PlainGenerator
+
+    out, trainer, _, _ = run
+    st = torch.load(out / "state" / "rank0000" / "epoch0000006.pt", map_location="cpu", weights_only=True)
+    st["generator_ema"] = st["generator"]  # (this run trained without ema: make the raw generator another one)
+    st["generator"] = {k: v + 0.5 if v.is_floating_point() and k.startswith("model.") else v
+                       for k, v in st["generator"].items()}
+    path = tmp_path / "state" / "rank0000" / "epoch0000006.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(st, path)
+    assert export_main([str(path), "--out", str(tmp_path / "s.pt")]) == 0
+    assert "no run.json above the checkpoint" in capsys.readouterr().err
+    plain = PlainGenerator()
+    plain.load_state_dict(torch.load(tmp_path / "s.pt", map_location="cpu", weights_only=True)["generator_state_dict"])
+    x = torch.cat([torch.randn(512, 10), torch.rand(512, 3)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), trainer.G(x), rtol=1e-4, atol=1e-4)
+
+
 def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
     """A run trained with output folds (the quick preset), exported without distillation (--distill-steps 0, the
     plain network as it is): warn that opengate applies no fold, and name the keys. (The default, distillation, is
@@ -102,3 +144,21 @@ def test_gpu_recipe_switches_run(tmp_path):
     """The trainer's bf16 autocast (the gradient penalty stays fp32) and host-resident data (on CPU here)."""
     _, metrics, moved = _train(tmp_path, 2, ["train.amp=bf16", "environment.data_on_device=false"])
     assert all(math.isfinite(m["loss_d"]) and math.isfinite(m["loss_g"]) for m in metrics) and moved > 0
+
+
+@pytest.mark.parametrize("what, says", [
+    ("opengate", "an opengate optiGAN file already (generator_state_dict): GATE loads it as it is"),
+    ("module", "holds more than tensors (a pickled object"),
+    ("prefixed", "its generator has no key 'model.0.weight' (keys: module.model.0.weight"),
+])
+def test_export_of_what_is_not_a_sagips_checkpoint_is_one_line(tmp_path, capsys, what, says):
+    from sagips_environments.optigan.export import main as export_main
+
+    path = tmp_path / "in.pt"
+    torch.save({"opengate": {"generator_state_dict": {}}, "module": torch.nn.Linear(2, 2),
+                "prefixed": {"generator": {"module.model.0.weight": torch.zeros(2)}, "environment": "optigan"}}[what],
+               path)
+    assert export_main([str(path), "--out", str(tmp_path / "out.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "out.pt").exists()

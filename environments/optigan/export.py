@@ -27,8 +27,9 @@ measured loss (`--force` writes it all the same, with a warning). The check need
 make the reference data again (the run's seed; about 30 s for the quick preset).
 
 `--origin X Y Z`: the GATE world position (mm) of this project's origin (the crystal axis at its back face; see
-mc.py). opengate passes the gamma's *global* position as the condition; the shift is written into the first
-layer's bias (exact), so that the file takes GATE's coordinates.
+mc.py). opengate passes the gamma's *global* position as the condition; the shift is written into the first and
+last layers' biases (exact), so that the file takes conditions and gives the photons' X, Y in GATE's coordinates
+(the crystal's axis along GATE's z, as `sagips.data --gate-origin` reads GATE's files).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from pathlib import Path
 import torch
 
 from .nets import OptiGANCritic, OptiGANGenerator
-from .opengate import PlainGenerator, generator_dims, opengate_checkpoint, shift_conditions
+from .opengate import PlainGenerator, generator_dims, opengate_checkpoint, shift_frame
 
 #: distillation steps of batch DISTILL_BATCH when the run trained with folds (docs/benchmarks/optigan.md, "Export")
 DISTILL_STEPS = 3000
@@ -55,9 +56,10 @@ class ExportRefused(RuntimeError):
 
 
 def _run_dir(checkpoint: Path) -> Path | None:
-    """checkpoints/rank{R}/epoch{E}.pt -> the run directory, when the file sits in that layout."""
+    """checkpoints/rank{R}/epoch{E}.pt (or state/rank{R}/epoch{E}.pt) -> the run directory, when the file sits in
+    that layout."""
     p = checkpoint.resolve()
-    if p.parent.name.startswith("rank") and p.parent.parent.name == "checkpoints":
+    if p.parent.name.startswith("rank") and p.parent.parent.name in ("checkpoints", "state"):
         return p.parent.parent.parent
     return None
 
@@ -76,10 +78,17 @@ def _run_config(run_dir: Path | None) -> dict:
     if run_dir is None:
         return {}
     try:
-        cfg = json.loads((run_dir / "run.json").read_text())["config"]
+        info = json.loads((run_dir / "run.json").read_text())
+        cfg = info["config"]
     except (OSError, KeyError, ValueError, TypeError):
         return {}
-    return cfg if isinstance(cfg, dict) else {}
+    if not isinstance(cfg, dict):
+        return {}
+    env = cfg.get("environment")
+    if isinstance(env, dict) and env.get("data_file") and info.get("data_file"):
+        # the path as the run resolved it (absolute): the export may run from another directory
+        cfg = {**cfg, "environment": {**env, "data_file": info["data_file"]}}
+    return cfg
 
 
 def output_folds(config: dict) -> list[str]:
@@ -115,16 +124,32 @@ def _run_settings(run_dir: Path | None, config: dict, epoch: int
 
 def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     """(the generator, the checkpoint dict) of a SAGIPS optiGAN checkpoint."""
-    ck = torch.load(path, map_location="cpu", weights_only=True)
+    import pickle
+
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path}: holds more than tensors (a pickled object, e.g. a whole module saved with "
+                         f"torch.save), which is not loaded; give a SAGIPS checkpoint "
+                         f"(OUTPUT_DIR/checkpoints/rankR/epochE.pt)") from None
+    if isinstance(ck, dict) and "generator_state_dict" in ck:
+        raise ValueError(f"{path}: an opengate optiGAN file already (generator_state_dict): GATE loads it as it is; "
+                         f"to train on from it, set environment.init_generator={path}")
     if not isinstance(ck, dict) or "generator" not in ck:
         raise ValueError(f"{path}: not a SAGIPS checkpoint (no 'generator')")
     env = ck.get("environment", "optigan")
     if env != "optigan":
         raise ValueError(f"{path}: a checkpoint of environment {env!r}, not optigan")
-    state = ck["generator"]
+    # a training state (state/rankR/epochE.pt) holds the raw generator and, where train.ema > 0, its weight average,
+    # which is what the run's checkpoints hold and its logged quality measured
+    state = ck.get("generator_ema") or ck["generator"]
     if "model.6.weight" in state:
         generator_dims(state)  # a ValueError that names the keys, for a state dict of another layout
-    return OptiGANGenerator.from_state(state), ck
+    try:
+        return OptiGANGenerator.from_state(state), ck
+    except KeyError as e:
+        raise ValueError(f"{path}: its generator has no key {e} (keys: {', '.join(list(state)[:4])}, ...): not an "
+                         f"optiGAN generator of SAGIPS's layout") from None
 
 
 def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4, distill_steps: int | None = None,
@@ -197,7 +222,7 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4,
                 f"{quality['run']['js_ceiling']:.2f}%, raw outputs outside the bounds "
                 f"{100 * quality['export']['outside']:.1f}%): not written; raise --distill-steps, or --force")
     if origin is not None:  # after the check, which samples in the SAGIPS frame
-        payload["generator_state_dict"] = shift_conditions(payload["generator_state_dict"], noise_dim, origin)
+        payload["generator_state_dict"] = shift_frame(payload["generator_state_dict"], noise_dim, origin)
     with atomic_open(out, "wb") as fh:
         torch.save(payload, fh)
     # verify: what opengate would do (weights_only load, strict load into its layout) reproduces the network
@@ -209,7 +234,10 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4,
                   dim=1)
     with torch.no_grad():
         ref = exported_G(x)
-        x_in = x if origin is None else x + torch.cat([torch.zeros(noise_dim), torch.as_tensor(origin)]).float()
+        x_in = x
+        if origin is not None:  # GATE's frame: conditions in and X, Y out shifted by the origin
+            x_in = x + torch.cat([torch.zeros(noise_dim), torch.as_tensor(origin)]).float()
+            ref = ref + torch.cat([torch.as_tensor(origin[:2]), torch.zeros(ref.shape[1] - 2)]).float()
         err = float((plain(x_in) - ref).abs().max())
         tol = atol * max(1.0, float(ref.abs().max()))
     if not err <= tol:
@@ -269,7 +297,8 @@ def main(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="write the file even when it is worse than --max-loss")
     p.add_argument("--origin", type=float, nargs=3, metavar=("X", "Y", "Z"), default=None,
                    help="GATE world position (mm) of the SAGIPS origin (crystal axis at its back face): the file "
-                        "then takes GATE's global coordinates as conditions (docs/optigan.md)")
+                        "then takes GATE's global coordinates as conditions and gives the photons' X, Y in them "
+                        "(docs/optigan.md)")
     args = p.parse_args(argv)
     if args.distill_steps is not None and args.distill_steps < 0:
         print("sagips.export: error: --distill-steps must be >= 0", file=sys.stderr)
@@ -313,10 +342,11 @@ def main(argv=None) -> int:
             print(f"sagips.export: WARNING: the file written is worse than the run's generator by {q['loss']:.2f} "
                   f"points of JS (> {args.max_loss}), written anyway (--force)", file=sys.stderr)
     elif not args.no_check:
-        print("sagips.export: the file was not scored against the run (no run.json beside the checkpoint)",
-              file=sys.stderr)
+        print("sagips.export: no run.json above the checkpoint: the file was not scored against the run, and a run "
+              "trained with output folds (environment.output_bounds=reflect, as configs/optigan-quick.yaml) would "
+              "lose them unseen; export the checkpoint from its run directory (checkpoints/rankR/)", file=sys.stderr)
     if info["origin"]:
-        print(f"conditions are in GATE's frame: SAGIPS origin at {info['origin']} mm")
+        print(f"conditions and the photons' X, Y are in GATE's frame: SAGIPS origin at {info['origin']} mm")
     return 0
 
 

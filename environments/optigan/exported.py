@@ -170,6 +170,9 @@ def environment_for_config(config: dict, seed: int | None = None):
 
     from .env import OptiGAN
 
+    # the export's generator is the checkpoint's: the run's starting point is not needed, and its path (relative to
+    # where the run started, or moved since) must not fail the export
+    config = {**config, "environment": {**(config.get("environment") or {}), "init_generator": None}}
     cfg = load(None, base=config)
     if cfg.environment.name != "optigan":
         raise ValueError(f"a run of environment {cfg.environment.name!r}, not optigan")

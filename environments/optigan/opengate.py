@@ -139,12 +139,17 @@ def save_opengate(path: str | os.PathLike, G: OptiGANGenerator, D: OptiGANCritic
         torch.save(payload, fh)
 
 
-def shift_conditions(state: dict[str, torch.Tensor], noise_dim: int, origin) -> dict[str, torch.Tensor]:
-    """A raw-units generator state dict that takes conditions in a frame whose origin lies at `origin` (mm) in the
-    new frame: plain'(z, c) = plain(z, c - origin), written exactly into the first layer's bias
-    (b0 <- b0 - W0[:, conditions] @ origin)."""
+def shift_frame(state: dict[str, torch.Tensor], noise_dim: int, origin) -> dict[str, torch.Tensor]:
+    """A raw-units generator state dict in a frame where the SAGIPS origin lies at `origin` (mm): it takes
+    conditions and gives the photon positions X, Y in that frame, plain'(z, c) = plain(z, c - origin) + (origin_x,
+    origin_y, 0, 0, 0, 0). Exact, in the biases: the first layer's b0 <- b0 - W0[:, conditions] @ origin, the last
+    layer's b[X, Y] += origin[:2]. (Directions and energy do not depend on the frame; the crystal's axis stays z.)"""
     o = torch.as_tensor(origin, dtype=torch.float64).reshape(COND_DIM)
     out = dict(state)
     w = state["model.0.weight"].double()[:, noise_dim:]
     out["model.0.bias"] = (state["model.0.bias"].double() - w @ o).float().contiguous()
+    last = max((k for k in state if k.startswith("model.") and k.endswith(".bias")), key=lambda k: int(k.split(".")[1]))
+    b = state[last].double().clone()
+    b[:2] += o[:2]  # (outputs X, Y, dX, dY, dZ, EKine)
+    out[last] = b.float().contiguous()
     return out
