@@ -177,3 +177,44 @@ def test_bounds_penalty_is_the_raw_excess_and_enters_the_generator_loss():
     G.zero_grad()
     loss_on.backward()  # the penalty's gradient reaches the generator
     assert float(G.model[0].weight.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("outside, refused", [(0.05, True), (0.005, False)])
+def test_reference_photons_outside_the_bounds_are_refused_in_one_line(outside, refused):
+    """Real data whose directions were recorded after the exit face (or in another frame) lie outside the escape cone:
+    output_bounds=reflect could never produce them, so a run on them is refused, naming the column and the fix; a
+    fraction under 1 % (DATA_OUTSIDE_MAX) passes, and without output_bounds nothing is checked."""
+    from sagips.config import ConfigError
+
+    env_cls = get_environment("optigan")
+    cfg = from_dict(env_cls.Config, dict(photons_per_point=500, grid_side=2, grid_depths=1, heldout_points=1,
+                                         heldout_photons=40, output_bounds="reflect"), "environment.")
+    arrays, attrs = env_cls.generate_reference(cfg, 3)
+    n = len(arrays["photons"])
+    arrays["photons"][: round(outside * n), 4] = 0.5  # dZ below cos(theta_c) = 0.716
+    env = env_cls(cfg, "cpu", seed=0)
+    if refused:
+        with pytest.raises(ConfigError, match=r"environment.output_bounds=reflect: 5.0% of the reference photons lie "
+                                              r"outside .*\(dZ 5.0%\).*set environment.output_bounds=none"):
+            env.attach_data(arrays, attrs, np.random.default_rng(0))
+    else:
+        env.attach_data(arrays, attrs, np.random.default_rng(0))
+    cfg.output_bounds = "none"
+    arrays["photons"][:, 4] = 0.5
+    env_cls(cfg, "cpu", seed=0).attach_data(arrays, attrs, np.random.default_rng(0))
+
+
+def test_data_with_a_condition_per_photon_are_told_why_no_quality_point_has_photons():
+    """GATE data read with TrackVertexPosition conditions: every photon its own point, so no point can be split in
+    two halves for the JS quality; the one-line error says so and names the fix."""
+    from sagips.config import ConfigError
+
+    env_cls = get_environment("optigan")
+    cfg = from_dict(env_cls.Config, dict(photons_per_point=50, grid_side=2, grid_depths=1, heldout_points=0),
+                    "environment.")
+    arrays, attrs = env_cls.generate_reference(cfg, 3)
+    arrays = {"photons": arrays["photons"], "conditions": arrays["conditions"] + np.random.default_rng(0).uniform(
+        0, 1e-3, arrays["conditions"].shape).astype(np.float32)}
+    with pytest.raises(ConfigError, match=r"has 1 photon\(s\); at least 2 .* distinct conditions for 150 photons: a "
+                                          r"condition per photon, e.g. from TrackVertexPosition.*FILE.root:x,y,z\)$"):
+        env_cls(cfg, "cpu", seed=0).attach_data(arrays, attrs, np.random.default_rng(0))

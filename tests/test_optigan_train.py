@@ -132,8 +132,12 @@ def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
     shutil.copy(list_checkpoints(out)[0][6], ckpt)
     cfg = config_to_dict(trainer.cfg)
     cfg["environment"].update(output_bounds="reflect", energy_bounds=True, unit_direction=False)
+    cfg["train"].update(lr_g=2e-4, lr_d=6e-4)
     (tmp_path / "run.json").write_text(json.dumps({"config": cfg}))
     assert export_main([str(ckpt), "--out", str(tmp_path / "model.pt"), "--distill-steps", "0", "--no-check"]) == 0
+    written = torch.load(tmp_path / "model.pt", map_location="cpu", weights_only=True)
+    assert [written[k]["param_groups"][0]["lr"] for k in ("generator_optimizer_state_dict",
+                                                          "discrminator_optimizer_state_dict")] == [2e-4, 6e-4]
     err = capsys.readouterr().err
     assert ("warning: this run trained with environment.output_bounds=reflect, energy_bounds=true and the file holds "
             "the network without them (--distill-steps 0): opengate applies no fold") in err

@@ -40,6 +40,8 @@ from .nets import COND_DIM, PHOTON_DIM, OptiGANCritic, OptiGANGenerator, gradien
 LOADERS = ("auto", "device", "host", "dataloader")
 #: the fixed seed of the quality noise: the logged figure does not depend on the training stream or on log_every
 QUALITY_SEED = 20240613
+#: output_bounds: the largest fraction of reference photons outside the bounds (the MC's: 0) before a run is refused
+DATA_OUTSIDE_MAX = 0.01
 
 
 @dataclass
@@ -220,6 +222,8 @@ class OptiGAN(Environment):
         self._std = {"cond_mean": conds.mean(0, dtype=np.float64), "cond_std": _safe_std(conds),
                      "out_mean": photons.mean(0, dtype=np.float64), "out_std": _safe_std(photons)}
         self._energy_range = (float(photons[:, 5].min()), float(photons[:, 5].max())) if len(photons) else None
+        if c.output_bounds != "none" and len(photons):
+            self._check_inside(photons)
         # the held-out (or training) points of the quality figure, and their MC-vs-MC ceiling, computed once
         if c.heldout_file:
             from sagips.io.refdata import read_reference
@@ -233,6 +237,21 @@ class OptiGAN(Environment):
         else:
             self._quality_set = self._make_quality_set(photons, conds, "train")
         self._table = np.concatenate([photons, conds], axis=1)
+
+    def _check_inside(self, photons: np.ndarray) -> None:
+        """The reference photons must lie inside the bounds that output_bounds folds the generator into, which could
+        never produce the others: the MC's all do; real data whose frame, units or directions (after the exit face's
+        refraction, not inside the crystal) differ do not."""
+        lo, hi = self.bounds()
+        out = (photons < lo) | (photons > hi)
+        frac = float(out.any(1).mean())
+        if frac > DATA_OUTSIDE_MAX:
+            per = ", ".join(f"{f} {100 * v:.1f}%" for f, v in zip(FEATURES, out.mean(0)) if v > 0)
+            raise ConfigError(
+                f"environment.output_bounds={self.cfg.output_bounds}: {100 * frac:.1f}% of the reference photons lie "
+                f"outside the crystal's bounds it folds into ({per}), which the generator could never produce; check "
+                f"the data's frame and units (python -m sagips.data --gate-origin; EKine in eV; directions inside "
+                f"the crystal), or set environment.output_bounds=none")
 
     def select_subset(self, idx: np.ndarray | None) -> None:
         """Keep the reference rows `idx` (this rank's share; None or empty = all rows, recorded as an empty
@@ -283,8 +302,11 @@ class OptiGAN(Environment):
             rows = groups[i][shuffle.permutation(len(groups[i]))]
             m = min(c.quality_photons, len(rows) // 2)
             if m < 1:
+                why = (f" (the {kind} data hold {len(points)} distinct conditions for {len(conds)} photons: a "
+                       f"condition per photon, e.g. from TrackVertexPosition, gives no point to compare; give one "
+                       f"condition per GATE run, FILE.root:x,y,z)" if len(points) > len(conds) // 2 else "")
                 raise ConfigError(f"environment: quality point {points[i].tolist()} has {len(rows)} photon(s); "
-                                  f"at least 2 are needed for the JS comparison")
+                                  f"at least 2 are needed for the JS comparison{why}")
             ref_a.append(photons[rows[:m]])
             ref_b.append(photons[rows[m:2 * m]])
         ceiling = similarity(ref_b, ref_a, c.js_bins)

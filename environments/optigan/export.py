@@ -101,13 +101,15 @@ def output_folds(config: dict) -> list[str]:
 
 
 def _run_settings(run_dir: Path | None, config: dict, epoch: int
-                  ) -> tuple[float, tuple[float, float], float, float]:
-    lr, betas, loss_g, loss_d = 5e-5, (0.5, 0.9), math.nan, math.nan
+                  ) -> tuple[tuple[float, float], tuple[float, float], float, float]:
+    """((lr_g, lr_d), betas, loss_g, loss_d): the run's starting rates and betas (the paper's without run.json), and
+    the losses logged at `epoch`."""
+    lr, betas, loss_g, loss_d = (5e-5, 5e-5), (0.5, 0.9), math.nan, math.nan
     if run_dir is None:
         return lr, betas, loss_g, loss_d
     try:
         train = config["train"]
-        lr, betas = float(train["lr_g"]), (float(train["beta1"]), float(train["beta2"]))
+        lr, betas = (float(train["lr_g"]), float(train["lr_d"])), (float(train["beta1"]), float(train["beta2"]))
     except (KeyError, ValueError, TypeError):
         pass
     metrics = run_dir / "metrics.jsonl"

@@ -106,11 +106,14 @@ def fresh_adam_state(module: nn.Module, lr: float, betas: tuple[float, float]) -
 
 def opengate_checkpoint(G: OptiGANGenerator, D: OptiGANCritic | None = None, epoch: int = 0,
                         generator_loss: float = math.nan, discriminator_loss: float = math.nan,
-                        lr: float = 5e-5, betas: tuple[float, float] = (0.5, 0.9)) -> dict[str, Any]:
-    """The dict opengate loads: folded (raw-units) state dicts, fresh optimizer states, the epoch and losses.
+                        lr: float | tuple[float, float] = 5e-5, betas: tuple[float, float] = (0.5, 0.9)
+                        ) -> dict[str, Any]:
+    """The dict opengate loads: folded (raw-units) state dicts, fresh optimizer states (lr: one rate, or the
+    generator's and the critic's), the epoch and losses.
 
     Without `D` an untrained critic of the right layout is written (SAGIPS checkpoints hold the generator only).
     """
+    lr_g, lr_d = (lr, lr) if isinstance(lr, (int, float)) else lr
     g_state = G.fold()
     if D is None:
         D = OptiGANCritic()
@@ -123,8 +126,8 @@ def opengate_checkpoint(G: OptiGANGenerator, D: OptiGANCritic | None = None, epo
         "epoch": int(epoch),
         "generator_state_dict": g_state,
         "discriminator_state_dict": d_state,
-        "generator_optimizer_state_dict": fresh_adam_state(plain_g, lr, betas),
-        "discrminator_optimizer_state_dict": fresh_adam_state(plain_d, lr, betas),  # (sic): opengate's key
+        "generator_optimizer_state_dict": fresh_adam_state(plain_g, lr_g, betas),
+        "discrminator_optimizer_state_dict": fresh_adam_state(plain_d, lr_d, betas),  # (sic): opengate's key
         "generator_loss": float(generator_loss),
         "discriminator_loss": float(discriminator_loss),
     }
