@@ -104,6 +104,14 @@ def probe(D: torch.nn.Module, device: torch.device, rows: int = 2048, reps: int 
             "bf16_ratio": round(b / f, 3), "round_ratios": ratios}
 
 
+def unavailable(mode: str, device: torch.device) -> str | None:
+    """Why train.amp=`mode` cannot run on `device` (None: it can); sagips.run refuses it in one line before any work."""
+    if mode == "fp16" and device.type != "cuda":
+        return (f"train.amp=fp16 needs CUDA (this rank runs on {device}); use train.amp=bf16 or none (or auto: a "
+                f"resumed run keeps the precision its start resolved unless another is set)")
+    return None
+
+
 def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, rows: int = 2048,
             _probe=probe, chunk_rows: Callable[[torch.dtype | None], int] | None = None
             ) -> tuple[torch.dtype | None, dict[str, Any]]:
@@ -122,8 +130,9 @@ def resolve(mode: str, device: torch.device, D: torch.nn.Module | None = None, r
             info["native_bf16_held_back"] = True  # the CPU has it, torch's dispatch does not use it
     if mode not in ("auto", *_DTYPES):
         raise ValueError(f"train.amp={mode!r}: expected auto, none, bf16 or fp16")
-    if mode == "fp16" and device.type != "cuda":
-        raise RuntimeError("train.amp=fp16 needs CUDA; use train.amp=auto or bf16 on a CPU")
+    why = unavailable(mode, device)
+    if why:
+        raise RuntimeError(why)
     if mode != "auto":
         dtype = _DTYPES[mode]
         info["reason"] = f"train.amp={mode}"  # (a preset's, an environment's default or the user's)

@@ -12,7 +12,6 @@ share, sagips/io/shard.py) -> environment + networks on the rank's device -> Tra
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
@@ -25,6 +24,8 @@ import traceback
 import sagips.comm  # noqa: F401  (sets the MPI thread level before mpi4py.MPI is imported)
 from sagips.config import MODES, ConfigError, config_to_dict, describe, load, parse_set
 from sagips.io import status
+from sagips.io.status import now as _now
+from sagips.io.status import write_run_json
 from sagips.supervise import is_supervised
 
 EXIT_USAGE = 2
@@ -138,10 +139,6 @@ def versions() -> dict:
     return {"sagips": sagips.__version__, "python": platform.python_version(), "torch": torch.__version__,
             "numpy": numpy.__version__, "mpi4py": mpi4py.__version__, "h5py": h5py_version,
             "mpi": MPI.Get_library_version().splitlines()[0].strip(), "cuda": torch.version.cuda}
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
@@ -277,6 +274,7 @@ def main(argv=None, peer=None) -> int:
     """`python -m sagips.run`. peer: a baseline that replaces the SAGIPS exchange (sagips.ddp.DDPPeer: wrap(comm, G,
     device) -> the wrapped generator, .mode for run.json, close()); None for SAGIPS itself."""
     args = parse_args(argv)
+    status.mark(None)  # (a run before this one, in this process)
     if args.help_config:
         try:
             print_config_help(args)
@@ -298,7 +296,7 @@ def main(argv=None, peer=None) -> int:
     except (ConfigError, DataError) as e:
         if world.rank == 0:
             print(f"sagips: error: {e}", file=sys.stderr, flush=True)
-        status.failed(f"{e}", every_rank_raised=True)  # (after training began: a first-epoch check)
+        status.failed(f"{e}", every_rank_raised=True, aborts_job=False)  # (after training began: a first-epoch check)
         return EXIT_USAGE
     except Exception:
         abort_job(world)
@@ -320,7 +318,7 @@ def abort_job(world) -> None:
         _reported[:] = [error]
         sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
-        status.failed(f"rank {world.rank}: {traceback.format_exception_only(error)[-1]}")
+        status.failed(f"rank {world.rank}: {traceback.format_exception_only(error)[0]}")
     if world.size > 1:
         time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
         world.Abort(1)
@@ -519,10 +517,11 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
             except (TypeError, ValueError, KeyError, IndexError):
                 differs = True  # (a --set the config would refuse anyway)
             if differs:
+                how = "--true-params ..." if cfg.environment.name == "proxy1d" else "--set true_params..."
                 raise ConfigError(f"{item.split('=', 1)[0].strip()} (--set) differs from the truth that data file "
                                   f"{data_file} was made at (true_params {shown}): drop the --set (a data file's "
                                   f"truth is the run's), or make the data at that truth (python -m sagips.data ... "
-                                  f"{'--true-params ...' if cfg.environment.name == 'proxy1d' else '--set true_params...'})")
+                                  f"{how})")
     try:
         cfg = load(r.args.config, [*r.args.set, f"environment.true_params={json.dumps(truth)}"], flags, base=base)
     except ConfigError as e:
@@ -566,15 +565,17 @@ def _place(r: _Run) -> None:
 
 def device_for(cfg, local_rank: int):
     """This rank's device (train.device), and the settings that need CUDA refused in one line where it has none."""
+    from sagips import graph, precision
     from sagips.trainer import select_device
 
     device = select_device(cfg.train.device, local_rank)
-    if device.type != "cuda":
-        if cfg.train.amp == "fp16":
-            raise ConfigError(f"train.amp=fp16 needs CUDA (this rank runs on {device}); use train.amp=auto, or bf16")
-        if cfg.train.cuda_graph == "on":
-            raise ConfigError(f"train.cuda_graph=on needs a CUDA device (this rank runs on {device}); use "
-                              f"train.cuda_graph=auto or off")
+    why = precision.unavailable(cfg.train.amp, device)
+    if why:
+        raise ConfigError(why)
+    try:
+        graph.resolve(cfg.train.cuda_graph, device, [])  # (what stands in the way on a CUDA device: at the first step)
+    except graph.GraphCaptureError as e:
+        raise ConfigError(str(e)) from None
     return device
 
 
@@ -855,7 +856,6 @@ def _describe(r: _Run) -> None:
     """run.json (rank 0), the resumed state, the state marker and the stop agreement."""
     from sagips.io import refdata
 
-    _replace_old_outputs(r)
     cfg, comm, trainer, env, out_dir = r.cfg, r.comm, r.trainer, r.env, r.out_dir
     n_params = sum(p.numel() for p in trainer.G.parameters())
     config = config_to_dict(cfg)
@@ -895,14 +895,15 @@ def _describe(r: _Run) -> None:
         from sagips.io.state import RankStates, load_state, state_path
 
         epoch0, mine = r.resume_from
-        for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
-            os.unlink(state_path(out_dir, comm.rank, stale))
-        trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)
         from sagips.io.shard import agree
 
         # a refused state (another data key: e.g. data.share, or a rank now on another node) may be refused on some
-        # ranks only: every rank raises the first refusal, none waits in a later collective
+        # ranks only: every rank raises the first refusal, none waits in a later collective; the run's files are
+        # touched only once it is accepted
         agree(comm, trainer.load_state_dict, load_state(out_dir, comm.rank, epoch0), error=ConfigError)
+        for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
+            os.unlink(state_path(out_dir, comm.rank, stale))
+        trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)
         changed = r.resume_changes
         if changed and r.is_root:
             print(f"sagips: --resume: {len(changed)} setting(s) differ from the saved run's, and this run uses the "
@@ -912,14 +913,17 @@ def _describe(r: _Run) -> None:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
         run_info["resumes"] = r.prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
+    _replace_old_outputs(r)  # (every input checked, the resumed state accepted: the first write follows)
     if r.members > 1:
         trainer.progress_desc = f"{cfg.mode} member {r.member} of {r.members}"
     if r.is_root:  # state/latest.json: the newest epoch that every rank's state holds (from the ranks' reduction)
         from sagips.io.state import write_latest
 
         trainer.on_state_complete = lambda e: write_latest(out_dir, e, comm.size)
-    else:  # (rank 0 names it once it has written it, below)
-        status.mark(os.path.join(out_dir, "run.json"), False)
+    # a failure of this rank is recorded in its run's run.json, and in the other members' (the abort ends them too)
+    others = [os.path.join(cfg.output_dir, f"member{m:03d}", "run.json") for m in range(r.members) if m != r.member]
+    if not r.is_root:  # (rank 0 names it once it has written it, below)
+        status.mark(os.path.join(out_dir, "run.json"), False, others)
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
@@ -942,7 +946,7 @@ def _describe(r: _Run) -> None:
         run_info["startup"] = {"rank0_phases_s": r.phases, "per_rank_s": ages,
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
-        status.mark(os.path.join(out_dir, "run.json"), True)
+        status.mark(os.path.join(out_dir, "run.json"), True, others)
         if r.member == 0:  # (one line per job: every member's is in its run.json)
             print(startup_line(run_info), file=sys.stderr, flush=True)
         if r.split is not None and r.member == 0 and float(run_info.get("reference_fraction") or 1.0) < 1.0:
@@ -1154,12 +1158,6 @@ def startup_line(info: dict) -> str:
     return (f"sagips: {where} ({info['device']}, "
             f"{info['threads_per_rank']} thread(s) each); {describe(info['precision'])}; start-up {startup}"
             f"{sized or ''}")
-
-
-def write_run_json(out_dir: str, info: dict) -> None:
-    from sagips.io.atomic import write_text
-
-    write_text(os.path.join(out_dir, "run.json"), json.dumps(info, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -295,8 +295,6 @@ class Trainer:
             try:
                 net.load_state_dict(sd[name])
             except RuntimeError as e:  # torch's message lists every tensor: one line that says what to do
-                from sagips.config import ConfigError
-
                 first = next((ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()), str(e))[:160]
                 raise ConfigError(f"--resume: the saved {name} does not fit this config's networks ({first}); the "
                                   f"sizes of the networks (e.g. environment.hidden, layers) differ from the saved "
@@ -312,8 +310,6 @@ class Trainer:
         self._check_data_key(sd.get("data_key") or {})
         saved_idx = sd["subset_idx"].numpy() if "subset_idx" in sd else np.zeros(0, dtype=np.int64)
         if saved_idx.size and not sd.get("data_key") and (self.data_key or {}).get("subset") == "blocks":
-            from sagips.config import ConfigError
-
             # a state from before issue 23: its rows were a uniform choice, which data.subset=rows rebuilds
             raise ConfigError("--resume: the saved state holds the row indices of an older version's subset; "
                               "resume with --set data.subset=rows")
@@ -335,8 +331,6 @@ class Trainer:
         """The subset this run rebuilt from its key must be the saved state's: the same file layout, seed, fraction
         and mode, and with data.share=node the same node index. Otherwise a one-line ConfigError (sagips.run makes a
         refusal on some ranks, e.g. of the ranks now on another node, a refusal on every rank)."""
-        from sagips.config import ConfigError
-
         now = self.data_key or {}
         if not saved or not now:
             return

@@ -42,7 +42,7 @@ def forged_run(out, environment="proxy1d", world_size=1, mode="ensemble", saved_
 # (id, extra argv, setup(tmp_path, out) -> extra argv or None, fragments the one line must contain)
 CASES = [
     ("fp16 on a CPU", ["--set", "train.device=cpu", "--set", "train.amp=fp16"], None,
-     ["train.amp=fp16 needs CUDA (this rank runs on cpu)", "train.amp=auto"]),
+     ["train.amp=fp16 needs CUDA (this rank runs on cpu)", "use train.amp=bf16 or none"]),
     ("CUDA graphs on a CPU", ["--set", "train.device=cpu", "--set", "train.cuda_graph=on"], None,
      ["train.cuda_graph=on needs a CUDA device (this rank runs on cpu)", "auto or off"]),
     ("unknown key", ["--set", "train.lr_gg=1e-4"], None, ["unknown config key 'train.lr_gg'"]),
@@ -229,6 +229,21 @@ def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_d
     resumed = json.loads((out / "run.json").read_text())
     assert resumed["status"] == "complete" and resumed["resumes"][0]["epoch"] == 2
     assert resumed["config"]["train"]["amp"] == "auto" and resumed["precision"] == started["precision"]
+
+
+def test_a_refused_resume_leaves_the_run_untouched(tmp_path, capsys):
+    """--resume with networks of another size: the saved state is refused in one line (exit 2), before the job's
+    analysis or any state is removed."""
+    out = tmp_path / "out"
+    assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--output-dir", str(out)]) == 0
+    (out / "analysis").mkdir()
+    (out / "analysis" / "summary.md").write_text("p^ +- sigma")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(TINY + ["--resume", "--epochs", "3", "--set", "environment.hidden=16", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not fit this config's networks" in err[0], err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("bad", [["--set", "environment.data_file=missing.h5"],

@@ -25,10 +25,16 @@ def ddp_run(tmp_path_factory):
     return ddp
 
 
-def test_ddp_peer_trains_and_equals_the_allreduce_mode(tmp_path, ddp_run):
-    ddp, ar = ddp_run, tmp_path / "allreduce"
+@pytest.fixture(scope="module")
+def allreduce_run(tmp_path_factory):
+    ar = tmp_path_factory.mktemp("allreduce") / "run"
     r = run_mpi(2, ["-m", "sagips.run", *ARGS, "--mode", "allreduce", "--output-dir", str(ar)], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    return ar
+
+
+def test_ddp_peer_trains_and_equals_the_allreduce_mode(ddp_run, allreduce_run):
+    ddp, ar = ddp_run, allreduce_run
     info = json.loads((ddp / "run.json").read_text())
     assert info["mode"] == "ddp-gloo" and info["status"] == "complete" and info["exchanged_floats"] == 51206
     assert len(info["train_seconds"]) == 2 and info["epochs"] == EPOCHS
@@ -42,7 +48,7 @@ def test_ddp_peer_trains_and_equals_the_allreduce_mode(tmp_path, ddp_run):
     assert any(not torch.equal(g0[k], gd[k]) for k in g0)  # it trained
 
 
-def test_a_ddp_run_resumes_with_sagips_ddp_as_if_never_stopped(tmp_path, ddp_run):
+def test_a_ddp_run_resumes_with_sagips_ddp_as_if_never_stopped(tmp_path, ddp_run, allreduce_run):
     """--resume of the baseline (run.json's mode ddp-gloo) continues it bit-identically; sagips.run refuses it in one
     line, and sagips.ddp refuses a run of sagips.run's."""
     cut = tmp_path / "cut"
@@ -62,6 +68,6 @@ def test_a_ddp_run_resumes_with_sagips_ddp_as_if_never_stopped(tmp_path, ddp_run
         ga, gb = load_checkpoint(a[rank][EPOCHS])["generator"], load_checkpoint(b[rank][EPOCHS])["generator"]
         for k in ga:
             assert torch.equal(ga[k], gb[k]), f"rank {rank} {k}: the resumed DDP run differs"
-    r = run_mpi(2, ["-m", "sagips.ddp", "--resume", "--epochs", "3", "--no-progress", "--output-dir",
-                    str(ddp_run.parent / "nothing")], timeout=60)
-    assert r.returncode == 2, r.stderr
+    r = run_mpi(2, ["-m", "sagips.ddp", "--resume", "--epochs", str(EPOCHS + 1), "--no-progress", "--output-dir",
+                    str(allreduce_run)], timeout=60)
+    assert r.returncode == 2 and "used mode 'allreduce'; resume it with python -m sagips.run" in r.stderr, r.stderr

@@ -95,7 +95,9 @@ def _abort(requests, timeout_s, waited_s, what, comm, epoch, peers, paired=None)
     sys.stderr.flush()
     from sagips.io import status
 
-    status.failed(line)  # (run.json's status: this rank's run, docs/reliability.md)
+    # run.json's status (docs/reliability.md): written by rank 0 of the run alone where it is among the waiting
+    # ranks, which time out together (a write per rank would grow with the ranks)
+    status.failed(line, every_rank_raised=True)
     time.sleep(0.5)  # let the launcher forward the line before MPI_Abort tears everything down
     MPI.COMM_WORLD.Abort(ABORT_CODE)
 
