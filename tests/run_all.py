@@ -5,7 +5,8 @@
    time). The files are dealt longest first to the least loaded shard, by their seconds in tests/durations.json
    (`python tests/run_all.py --weigh` measures them again; a file not in it counts as the median file);
 2. the MPI unit tests in tests/mpi under `mpiexec -n N pytest --with-mpi` for several N, each with a timeout, so
-   that a hang fails the suite instead of eating the CI budget.
+   that a hang fails the suite instead of eating the CI budget. They start as soon as the first shard ends, beside
+   the shards still running (the core it held would otherwise idle while the longest shard finishes).
 
 SAGIPS_TEST_SHARDS=1 runs the single-process tests in one process, as a plain `pytest tests` would.
 """
@@ -66,7 +67,8 @@ def _relay(stream, prefix: str) -> None:
                 out = False
 
 
-def single_process_tests(env: dict, n_shards: int, weigh: bool) -> bool:
+def single_process_tests(env: dict, n_shards: int, weigh: bool, when_one_ends=None) -> bool:
+    """The shards side by side; `when_one_ends()` runs once, as soon as the first shard has ended (the others go on)."""
     tests = ROOT / "tests"
     files = sorted(str(p.relative_to(ROOT)) for p in tests.rglob("test_*.py") if (tests / "mpi") not in p.parents)
     weights = json.loads(WEIGHTS.read_text()) if WEIGHTS.exists() else {}
@@ -83,6 +85,10 @@ def single_process_tests(env: dict, n_shards: int, weigh: bool) -> bool:
         t.start()
         procs.append(p)
         relays.append(t)
+    while when_one_ends is not None and all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    if when_one_ends is not None:
+        when_one_ends()
     ok = True
     for p, t in zip(procs, relays):
         ok &= p.wait() == 0
@@ -104,6 +110,26 @@ def single_process_tests(env: dict, n_shards: int, weigh: bool) -> bool:
     return ok
 
 
+def mpi_tests() -> list[str]:
+    """tests/mpi under mpiexec -n N for each N of MPI_SIZES, one after the other; the failures, named. Their output
+    is prefixed `[mpi N] `: it runs beside a shard's."""
+    failed = []
+    if not any((ROOT / "tests" / "mpi").glob("test_*.py")):
+        return failed
+    for n in MPI_SIZES:
+        cmd = ["timeout", "--kill-after=10", str(MPI_TIMEOUT), mpiexec(), "-n", str(n), sys.executable, "-m",
+               "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "tests/mpi"]
+        p = subprocess.Popen(cmd, cwd=ROOT, env=child_env({"PYTHONUNBUFFERED": "1"}),  # CPU numerics
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, encoding="utf-8", errors="replace")
+        _relay(p.stdout, f"[mpi {n}] ")
+        rc = p.wait()
+        if rc == 124:
+            print(f"[mpi {n}] tests/mpi at N={n}: TIMED OUT after {MPI_TIMEOUT} s", flush=True)
+        if rc != 0:
+            failed.append(f"tests/mpi at N={n} (exit {rc})")
+    return failed
+
+
 def main() -> int:
     weigh = "--weigh" in sys.argv[1:]
     try:
@@ -115,19 +141,8 @@ def main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.time()
     failed = []
-    if not single_process_tests(env, n_shards, weigh):
+    if not single_process_tests(env, n_shards, weigh, when_one_ends=lambda: failed.extend(mpi_tests())):
         failed.append("single-process tests")
-    mpi_dir = ROOT / "tests" / "mpi"
-    if any(mpi_dir.glob("test_*.py")):
-        for n in MPI_SIZES:
-            print(f"\n=== tests/mpi under mpiexec -n {n} ===", flush=True)
-            cmd = ["timeout", "--kill-after=10", str(MPI_TIMEOUT), mpiexec(), "-n", str(n), sys.executable, "-m",
-                   "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", "tests/mpi"]
-            rc = subprocess.call(cmd, cwd=ROOT, env=child_env({"PYTHONUNBUFFERED": "1"}))  # CPU numerics
-            if rc == 124:
-                print(f"tests/mpi at N={n}: TIMED OUT after {MPI_TIMEOUT} s", flush=True)
-            if rc != 0:
-                failed.append(f"tests/mpi at N={n} (exit {rc})")
     print(f"\n=== make test: {time.time() - t0:.0f} s; "
           f"{'all passed' if not failed else 'FAILED: ' + ', '.join(failed)} ===", flush=True)
     return 1 if failed else 0
