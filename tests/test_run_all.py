@@ -15,6 +15,10 @@ def test_deal_puts_every_file_in_one_shard_and_balances_the_seconds():
     assert sorted(loads) == [42.0, 42.0]  # 30 + 12 | 20 + 12 + 9 + 1 (greedy, longest first)
     assert deal(files, 1, weights) == [sorted(files)]
     assert deal(["tests/test_a.py"], 3, {}) == [["tests/test_a.py"]]  # no empty shard
+    # the MPI unit tests (20 s) run after the first shard to end: that shard gets 20 s fewer of the files
+    shards = deal(files, 2, {**weights, "tests/mpi": 20.0}, after_one=20.0)
+    loads = sorted(sum(weights.get(f, 12.0) for f in s) for s in shards)
+    assert loads == [32.0, 52.0] and sorted(f for s in shards for f in s) == sorted(files)
 
 
 def test_seconds_per_file_sums_a_junit_report(tmp_path):
