@@ -651,8 +651,8 @@ def _load_data(r: _Run) -> None:
         _check_node_share(cfg, env_cls, data_file, reads_own, generates_own)
     pending = None
     if cfg.data.share != "node" and (generates_own or (data_file and reads_own)):
-        # the rank's own rows, made in a thread while this one imports torch._dynamo and builds the environment
-        # (h5py's reads and numpy release the GIL): with a core per rank the read hides behind ~1.5 s of imports
+        # the rank's own rows, made in a thread while this one builds the environment (h5py's reads and numpy
+        # release the GIL)
         if generates_own:
             # no file: the rank's subset of the file that `python -m sagips.data` would write with this seed,
             # generated block by block (only the blocks that hold the rank's rows; nothing is broadcast)
@@ -669,11 +669,7 @@ def _load_data(r: _Run) -> None:
             # a few MB of allocator arena of their own (measured: +5-9 MB of peak memory)
             run = _in_background if nbytes >= BACKGROUND_READ_BYTES else _now_as_future
             pending = run(shard.read_subset, data_file, layout, ranges, env_cls.datasets)
-    # torch.optim imports torch._dynamo at its first step (~1.5 s of CPU): imported here, it counts in the start-up
-    # (and, on the broadcast path, the other ranks import it while rank 0 makes the data)
     try:
-        import torch._dynamo  # noqa: F401
-
         # agreed: an environment that fails on some ranks only (a file missing on one node) fails on every rank,
         # with its one line, instead of leaving the others waiting in the next collective
         r.env = env = shard.agree(r.world, lambda: env_cls(r.env_cfg, r.device, seed=r.torch_seed),

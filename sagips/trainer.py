@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sagips.adam import make_adam
 from sagips.chunked import auto_chunk_rows
 from sagips.comm.buffer import GradBuffer
 from sagips.config import Config, ConfigError
@@ -77,18 +78,6 @@ def set_threads(requested: int, node_cpus: list[set[int]] | None = None) -> int:
     n = threads_per_rank(requested, own, node_cpus if node_cpus is not None else [own])
     torch.set_num_threads(n)
     return n
-
-
-def make_adam(params, lr: float, betas: tuple[float, float], fused: bool) -> torch.optim.Adam:
-    """Adam with the fused kernel where this torch has one for the parameters' device (CUDA; CPU since torch 2.4:
-    one kernel per step instead of ~10 small ops per tensor, 3x faster for the paper's networks), else the default."""
-    params = list(params)
-    if fused:
-        try:
-            return torch.optim.Adam(params, lr=lr, betas=betas, fused=True)
-        except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device or dtype in this torch
-            pass
-    return torch.optim.Adam(params, lr=lr, betas=betas)
 
 
 def _is_fused(opt: torch.optim.Optimizer) -> bool:

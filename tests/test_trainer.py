@@ -159,7 +159,7 @@ def test_ema_is_checkpointed_and_resumes_bit_identical(tmp_path):
 
 
 def test_fused_adam_on_cpu_matches_the_default_adam():
-    from sagips.trainer import make_adam
+    from sagips.adam import make_adam
 
     torch.manual_seed(0)
     nets = [torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)]
