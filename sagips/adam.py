@@ -7,7 +7,8 @@ cores pay it twice over). SAGIPS compiles none of these calls, so the marks do n
 the very functions torch's marks wrap (found with `inspect.unwrap`), with the grad mode that torch's step sets, so its
 arithmetic, state dicts and hooks are torch.optim.Adam's own; tests/test_adam.py checks it bit for bit against
 torch.optim.Adam, and that a run imports no torch._dynamo. A torch whose methods are not wrapped this way is used as
-it is (the import comes back, nothing else changes).
+it is (the import comes back, nothing else changes). Without the marks, torch.compile would trace these methods if a
+user's own compiled code called them (SAGIPS calls them outside any compiled code).
 """
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from typing import Any
 
 import torch
 
-_Optimizer, _Adam = torch.optim.Optimizer, torch.optim.Adam
-_ADD_GROUP = inspect.unwrap(_Optimizer.add_param_group)
-_ZERO_GRAD = inspect.unwrap(_Optimizer.zero_grad)
-_STATE_DICT = inspect.unwrap(_Optimizer.state_dict)
-_LOAD_STATE_DICT = inspect.unwrap(_Optimizer.load_state_dict)
-_STEP = inspect.unwrap(_Adam.step)  # through the profiling hook (patched in at the first Adam) and the grad mode
+_Adam = torch.optim.Adam
+# Adam's own (Optimizer's, where Adam does not override them); step: through the profiling hook that the first Adam
+# patches in (an Adam made before this import) and the grad mode
+_ADD_GROUP, _ZERO_GRAD, _STATE_DICT, _LOAD_STATE_DICT, _STEP = (
+    inspect.unwrap(getattr(_Adam, name)) for name in ("add_param_group", "zero_grad", "state_dict", "load_state_dict",
+                                                      "step"))
 
 
 class Adam(torch.optim.Adam):

@@ -98,3 +98,19 @@ def test_a_run_imports_no_dynamo(tmp_path):
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.splitlines()[-1] == "rc 0 dynamo False", p.stdout[-2000:]
+
+
+def test_an_adam_of_torch_made_before_the_import_changes_nothing():
+    """torch patches its profiling hook into Adam.step at the first Adam: made before sagips.adam is imported, the
+    unwrapped step is still the bare update (each hook runs once, the result is torch's)."""
+    code = ("import torch; p = torch.nn.Parameter(torch.ones(3)); q = torch.nn.Parameter(torch.ones(3)); "
+            "theirs = torch.optim.Adam([q], lr=0.1); theirs.step(); "
+            "from sagips.adam import Adam; ours = Adam([p], lr=0.1); seen = []; "
+            "ours.register_step_pre_hook(lambda *a: seen.append('pre')); "
+            "ours.register_step_post_hook(lambda *a: seen.append('post')); "
+            "p.grad = torch.tensor([1., -2., 3.]); q.grad = p.grad.clone(); ours.step(); theirs.step(); "
+            "print(seen, torch.equal(p, q))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["['pre',", "'post']", "True"], p.stdout
