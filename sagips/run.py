@@ -885,6 +885,7 @@ def _describe(r: _Run) -> None:
                                                 os.getppid() if is_supervised() else None)))],
         "versions": versions(), "start_time": _now(),
         "data_file": os.path.abspath(r.data_file) if r.data_file else None,
+        "cwd": os.getcwd(),  # where this start ran: the config's relative paths are relative to it
         "precision": r.precision_kept if r.precision_kept is not None else trainer.precision,
     }
     if r.prev_run is not None:

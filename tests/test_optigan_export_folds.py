@@ -135,3 +135,24 @@ def test_the_check_does_not_need_the_runs_starting_generator(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     q = export_opengate(ck, tmp_path / "model.pt", distill_steps=0, force=True)["quality"]
     assert np.isfinite(q["export"]["js"]) and np.isfinite(q["run"]["js"])
+
+
+def test_the_runs_relative_files_are_found_from_another_directory(tmp_path):
+    """run.json's `cwd` (where the run started): a relative heldout_file is read from there, so the export may run
+    from anywhere; data_file is the run's absolute path; an absolute path, and a run.json without `cwd` (an older
+    run), are left as they are."""
+    from sagips_environments.optigan.export import _run_config
+
+    env = {"name": "optigan", "heldout_file": "data/held.h5", "data_file": "data/ref.h5", "init_generator": None}
+    info = {"config": {"environment": env}, "cwd": "/work/start", "data_file": "/data/ref.h5"}
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    got = _run_config(tmp_path)["environment"]
+    assert got["heldout_file"] == "/work/start/data/held.h5" and got["data_file"] == "/data/ref.h5"
+    assert got["init_generator"] is None and got["name"] == "optigan"
+    info["config"]["environment"]["heldout_file"] = "/abs/held.h5"
+    del info["cwd"]
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    assert _run_config(tmp_path)["environment"]["heldout_file"] == "/abs/held.h5"
+    info["config"]["environment"]["heldout_file"] = "data/held.h5"
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    assert _run_config(tmp_path)["environment"]["heldout_file"] == "data/held.h5"

@@ -7,7 +7,7 @@ import torch
 
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
 from sagips.io.metrics import read_metrics
-from tests._mpirun import child_env, run_mpi, run_py
+from tests._mpirun import ROOT, child_env, run_mpi, run_py
 
 QUICK = ["-m", "sagips.run", "--config", "configs/proxy1d-quick.yaml", "--no-progress",
          "--set", "environment.reference_events=20000", "--set", "environment.param_samples=16",
@@ -31,6 +31,7 @@ def test_outputs_exist_and_load(ensemble_run):
     assert info["config"]["environment"]["name"] == "proxy1d" and info["truth"] == info["config"]["environment"][
         "true_params"]
     assert {"torch", "mpi4py", "mpi", "numpy"} <= set(info["versions"])
+    assert info["cwd"] == str(ROOT)  # where the run started: its config's relative paths are relative to it
     ck = list_checkpoints(out)
     assert sorted(ck) == [0, 1] and all(sorted(v) == [1, 4, 6] for v in ck.values())
     for rank, eps in ck.items():

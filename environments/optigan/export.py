@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -85,10 +86,18 @@ def _run_config(run_dir: Path | None) -> dict:
     if not isinstance(cfg, dict):
         return {}
     env = cfg.get("environment")
-    if isinstance(env, dict) and env.get("data_file") and info.get("data_file"):
-        # the path as the run resolved it (absolute): the export may run from another directory
-        cfg = {**cfg, "environment": {**env, "data_file": info["data_file"]}}
-    return cfg
+    if not isinstance(env, dict):
+        return cfg
+    # the export may run from another directory: data_file as the run resolved it (absolute), and any other relative
+    # *_file (heldout_file) from where the run started
+    env, start = dict(env), info.get("cwd")
+    if env.get("data_file") and info.get("data_file"):
+        env["data_file"] = info["data_file"]
+    for key, value in env.items():
+        if key.endswith("_file") and isinstance(value, str) and value and isinstance(start, str) \
+                and not os.path.isabs(value):
+            env[key] = os.path.join(start, value)
+    return {**cfg, "environment": env}
 
 
 def output_folds(config: dict) -> list[str]:
