@@ -261,7 +261,8 @@ class Trainer:
         return {
             "epoch": st.epoch, "time_s": st.time_s, "stats": dict(st.stats), "rank": self.rank,
             "environment": self.env.name,
-            "generator": self.G.state_dict(), "discriminator": self.D.state_dict(),
+            # the generator unwrapped (the DDP peer wraps it): the keys of a checkpoint, for the export and analyze
+            "generator": getattr(self.G, "module", self.G).state_dict(), "discriminator": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(), "bad_steps": self.bad_steps,
@@ -280,7 +281,11 @@ class Trainer:
         if sd.get("environment") != self.env.name:
             raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
                               f"this run is {self.env.name!r}")
-        for name, net in (("generator", self.G), ("discriminator", self.D)):
+        from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+        # a DDP state saved before the generator was unwrapped has `module.`-prefixed keys
+        consume_prefix_in_state_dict_if_present(sd["generator"], "module.")
+        for name, net in (("generator", getattr(self.G, "module", self.G)), ("discriminator", self.D)):
             try:
                 net.load_state_dict(sd[name])
             except RuntimeError as e:  # torch's message lists every tensor: one line that says what to do

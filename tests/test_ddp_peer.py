@@ -2,7 +2,8 @@
 gradient exchanged (comm.exchange_bias=true) it must give the same generators as SAGIPS's allreduce mode, which
 averages the same gradients with MPI_Allreduce (2 ranks: the sum and the halving are exact in float32). The DDP run
 is cut at epoch 2 and continued with `python -m sagips.ddp --resume`, so the equality also holds its resume to be
-bit-identical to an uninterrupted run."""
+bit-identical to an uninterrupted run (rank 1 from a state with the DDP wrapper's `module.` keys, as older versions
+wrote it)."""
 import json
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 
 from sagips.config import ConfigError, load
 from sagips.io.checkpoint import list_checkpoints, load_checkpoint
+from sagips.io.state import load_state, state_path
 from sagips.run import check_resumable
 from tests._mpirun import run_mpi
 
@@ -28,6 +30,11 @@ def ddp_run(tmp_path_factory):
     r = run_mpi(2, ["-m", "sagips.ddp", *ARGS, "--epochs", "2", "--set", "train.state_every=1", "--output-dir",
                     str(ddp)], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
+    st = load_state(ddp, 1, 2)
+    assert not any(k.startswith("module.") for k in st["generator"])  # saved unwrapped, as a checkpoint is
+    # rank 1 resumes from the state as the versions before wrote it (the DDP wrapper's `module.` keys)
+    st["generator"] = {f"module.{k}": v for k, v in st["generator"].items()}
+    torch.save(st, state_path(ddp, 1, 2))
     r = run_mpi(2, ["-m", "sagips.ddp", "--resume", "--epochs", str(EPOCHS), "--no-progress", "--output-dir",
                     str(ddp)], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -116,6 +116,26 @@ def test_a_training_state_exports_its_weight_average(run, tmp_path, capsys):
         torch.testing.assert_close(plain(x), trainer.G(x), rtol=1e-4, atol=1e-4)
 
 
+def test_a_ddp_state_from_older_versions_exports(run, tmp_path):
+    """A state of the DDP baseline as older versions wrote it with train.ema=0 (the wrapper's `module.`-prefixed
+    keys): the export reads it as the generator it wraps."""
+    from sagips_environments.optigan.export import main as export_main
+    from sagips_environments.optigan.opengate import PlainGenerator
+
+    out, trainer, _, _ = run
+    st = torch.load(out / "state" / "rank0000" / "epoch0000006.pt", map_location="cpu", weights_only=True)
+    st["generator"] = {f"module.{k}": v for k, v in st["generator"].items()}
+    path = tmp_path / "state" / "rank0000" / "epoch0000006.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(st, path)
+    assert export_main([str(path), "--out", str(tmp_path / "d.pt")]) == 0
+    plain = PlainGenerator()
+    plain.load_state_dict(torch.load(tmp_path / "d.pt", map_location="cpu", weights_only=True)["generator_state_dict"])
+    x = torch.cat([torch.randn(512, 10), torch.rand(512, 3)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), trainer.G(x), rtol=1e-4, atol=1e-4)
+
+
 def test_export_warns_when_the_run_folded_its_outputs(run, tmp_path, capsys):
     """A run trained with output folds (the quick preset), exported without distillation (--distill-steps 0, the
     plain network as it is): warn that opengate applies no fold, and name the keys. (The default, distillation, is

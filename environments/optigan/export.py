@@ -137,6 +137,8 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     """(the generator, the checkpoint dict) of a SAGIPS optiGAN checkpoint."""
     import pickle
 
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -154,6 +156,8 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     # a training state (state/rankR/epochE.pt) holds the raw generator and, where train.ema > 0, its weight average,
     # which is what the run's checkpoints hold and its logged quality measured
     state = ck.get("generator_ema") or ck["generator"]
+    # a state of the DDP baseline (sagips.ddp) saved before its generator was unwrapped has `module.`-prefixed keys
+    consume_prefix_in_state_dict_if_present(state, "module.")
     if "model.6.weight" in state:
         generator_dims(state)  # a ValueError that names the keys, for a state dict of another layout
     try:
