@@ -919,8 +919,6 @@ def _describe(r: _Run) -> None:
         trainer.on_state_complete = lambda e: write_latest(out_dir, e, comm.size)
     # a failure of this rank is recorded in its run's run.json, and in the other members' (the abort ends them too)
     others = [os.path.join(cfg.output_dir, f"member{m:03d}", "run.json") for m in range(r.members) if m != r.member]
-    if not r.is_root:  # (rank 0 names it once it has written it, below)
-        status.mark(os.path.join(out_dir, "run.json"), False, others)
     if comm.size > 1:  # a SIGTERM seen by any rank stops every rank at the same epoch (sagips/comm/stop.py)
         from sagips.comm.stop import StopAgreement
 
@@ -943,7 +941,10 @@ def _describe(r: _Run) -> None:
         run_info["startup"] = {"rank0_phases_s": r.phases, "per_rank_s": ages,
                                "note": "process start to the first epoch; phases from the parsed command line"}
         write_run_json(out_dir, run_info)
-        status.mark(os.path.join(out_dir, "run.json"), True, others)
+    if r.world.size > 1:  # every member's run.json is written before any rank can fail into it (a rank that failed
+        r.world.Barrier()  # at its first epoch, before its rank 0 wrote "running", left the run "running")
+    status.mark(os.path.join(out_dir, "run.json"), r.is_root, others)
+    if r.is_root:
         if r.member == 0:  # (one line per job: every member's is in its run.json)
             print(startup_line(run_info), file=sys.stderr, flush=True)
         if r.split is not None and r.member == 0 and float(run_info.get("reference_fraction") or 1.0) < 1.0:

@@ -110,6 +110,29 @@ def test_an_error_on_one_rank_ends_the_job_at_once_and_names_it(tmp_path, mode, 
                              "at epoch 3"), info["error"]
 
 
+# sagips.run with rank 0 slow to write run.json's "running" (a loaded file system: 1.5 s), and rank 1 failing at
+# its first data batch, before the first-epoch checks (the first wait for rank 0)
+_SLOW_RUN_JSON = ("import sys, time; from mpi4py import MPI; import sagips.run as R, sagips.trainer as T\n"
+                  "w, f = R.write_run_json, T.Trainer._critic_forward\n"
+                  "def slow(d, info):\n"
+                  "    if MPI.COMM_WORLD.rank == 0 and info.get('status') == 'running': time.sleep(1.5)\n"
+                  "    w(d, info)\n"
+                  "def bad(self):\n"
+                  "    if self.rank == 1: raise OSError('rank 1 cannot read its data')\n"
+                  "    return f(self)\n"
+                  "R.write_run_json, T.Trainer._critic_forward = slow, bad; sys.exit(R.main(sys.argv[1:]))")
+
+
+def test_a_rank_that_fails_before_rank_0_wrote_run_json_is_recorded(tmp_path):
+    """Rank 1 fails at its first batch while rank 0 is still writing run.json: the failure is recorded there (no rank
+    trains before every run.json is written; it was lost, and the run left without a run.json or "running")."""
+    r = run_mpi(2, ["-c", _SLOW_RUN_JSON, *RUN[2:], "--mode", "ensemble", "--output-dir", str(tmp_path / "run")],
+                timeout=90)
+    assert r.returncode != 0 and "sagips: rank 1 failed" in r.stderr, r.stderr[-2000:]
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "rank 1: OSError: rank 1 cannot read its data", info
+
+
 def test_a_job_that_the_watchdog_aborts_says_so_in_run_json(tmp_path):
     """Rank 1 sleeps 30 s in its pipeline; rank 0 waits 3 s in the exchange, and the watchdog's line is the record."""
     r = run_mpi(2, RUN + ["--mode", "arar", "--set", "comm.inner_size=0", "--output-dir", str(tmp_path / "run"),
