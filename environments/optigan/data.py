@@ -103,8 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bulk absorption length (default 100 mm; inf = none)")
     p.add_argument("--seed", type=int, default=1234, help="random seed (default 1234)")
     p.add_argument("--gate", nargs="+", metavar="FILE.root[:x,y,z]", help="read GATE phase-space files instead of "
-                   "running the MC (see environments/optigan/gate.py); the condition is given after ':' or read "
-                   "from the TrackVertexPosition_* branches")
+                   "running the MC (see environments/optigan/gate.py); the condition is given after ':' in this "
+                   "project's frame (not shifted by --gate-origin) or read from the TrackVertexPosition_* branches "
+                   "(GATE's world frame, shifted)")
     p.add_argument("--gate-heldout", nargs="+", metavar="FILE.root[:x,y,z]", help="GATE files for the held-out set")
     p.add_argument("--gate-origin", type=float, nargs=3, default=(0.0, 0.0, 0.0), metavar=("X", "Y", "Z"),
                    help="GATE world position (mm) of this project's origin: the crystal axis at its back face")

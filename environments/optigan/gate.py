@@ -19,8 +19,8 @@ and Direction_Z > 0 (photons going into the detector), as optiGAN's data does.
 
 Conditions (the emission point x, y, z in mm, in this project's frame: crystal axis at x = y = 0, back face at
 z = 0, exit face at z = L), in this order of preference:
-1. `condition=(x, y, z)` given by the caller: one emission point per file (how the optiGAN training set was made:
-   one GATE run per point);
+1. `condition=(x, y, z)` given by the caller, already in this project's frame (`origin` is not subtracted): one
+   emission point per file (how the optiGAN training set was made: one GATE run per point);
 2. the branches TrackVertexPosition_X/_Y/_Z (the photon's creation point; add the "TrackVertexPosition"
    attribute to the phase-space actor), minus `origin`.
 Otherwise the file cannot be used for training and a ValueError says so. (opengate's inference code instead takes
