@@ -379,7 +379,25 @@ class ParametricEnvironment(Environment):
                  "parameter_names": ",".join(env.names)}
         return {"events": out}, attrs
 
+    def _check_support(self, events: np.ndarray) -> None:
+        """Reference events must lie in `support` where every synthetic event does (a density's grid, a simulator
+        that clips to it): an event outside could never be matched, and the fit would be biased. A one-line
+        DataError (a measured file; generated data lie inside)."""
+        if not (self.pipeline_method == "density" or self.clips_events) or not len(events):
+            return
+        lo, hi = (float(v) for v in self.support)
+        tol = 1e-6 * (hi - lo)  # (float32 rounding at the edges is no event outside)
+        out = (events < lo - tol) | (events > hi + tol)
+        rows = out.reshape(len(events), -1).any(-1)
+        if rows.any():
+            from sagips.io.refdata import DataError
+
+            raise DataError(f"reference data: {int(rows.sum())} of {len(events)} events lie outside {self.name}'s "
+                            f"support [{lo:g}, {hi:g}] (e.g. {float(events[out][0]):.6g}), where no synthetic event "
+                            f"can be: widen the class's `support`, or cut the events to it")
+
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
+        self._check_support(arrays["events"])
         self._events_all = arrays["events"]
         n = len(self._events_all)
         n_keep = max(1, int(round(self.cfg.subset_fraction * n)))
@@ -388,6 +406,7 @@ class ParametricEnvironment(Environment):
 
     def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
         """This rank's events, read by the framework (sagips/io/shard.py): kept as they are."""
+        self._check_support(arrays["events"])
         self._events_all, self.subset_idx = None, None
         self.data = torch.as_tensor(np.ascontiguousarray(arrays["events"], dtype=np.float32), device=self.device)
 

@@ -63,6 +63,17 @@ def test_support_clips_a_simulator_only_where_the_class_sets_it(smear):
     senv, _ = build(smear)
     ev = senv._events(torch.tensor([[2.0, 0.5]]), torch.tensor([[[1 - 1e-7, 0.5], [0.0, 0.0]]]))
     assert ev.min() == -2.0 and ev.max() == 12.0
+    # measured events: inside a clipping simulator's support, anywhere for one that does not clip
+    from sagips.io.refdata import DataError
+
+    rng = np.random.default_rng(0)
+    events = np.array([[-2.0], [12.0], [3.0], [12.5]], dtype=np.float32)
+    with pytest.raises(DataError, match=r"^reference data: 1 of 4 events lie outside smear1d's support \[-2, 12\] "
+                                        r"\(e\.g\. 12\.5\), where no synthetic event can be: widen the class's "
+                                        r"`support`, or cut the events to it$"):
+        senv.attach_data({"events": events}, {}, rng)
+    senv.attach_data({"events": events[:3]}, {}, rng)
+    env.attach_data({"events": 100 * events}, {}, rng)
 
 
 def test_no_grid_points_for_a_simulator(smear, site, monkeypatch, capsys):

@@ -88,6 +88,35 @@ def test_the_truth_of_a_data_file_made_elsewhere_is_the_runs(env, tmp_path, monk
     assert "its true_params have 2 values, environment 'toy1d' has 3 parameters (a, b, c)" in lines[0], lines[0]
 
 
+def test_measured_events_outside_the_support_are_refused_in_one_line(env, tmp_path, monkeypatch):
+    """Events of a data file that lie outside the density's support (where no synthetic event can be) end the run
+    with one line that counts them, on 1 and 2 ranks; an edge event is inside."""
+    import h5py
+
+    from sagips.data import main as data_main
+
+    add_to_sys_path(env[1], monkeypatch)
+    data = tmp_path / "d.h5"
+    assert data_main(["toy1d", "--out", str(data), "--events", "20000"]) == 0
+    with h5py.File(data, "a") as f:
+        f["events"][:3] = [[0.0], [1.0], [1.0 + 1e-7]]  # on the edges (and float32 rounding beyond one)
+    r = run_py(TINY + ["--mode", "ensemble", "--epochs", "1", "--set", f"environment.data_file={data}",
+                       "--output-dir", str(tmp_path / "edges")], env=env[0])
+    assert r.returncode == 0, r.stderr[-3000:]
+    with h5py.File(data, "a") as f:
+        f["events"][100:150] = 1.25
+        f["events"][150] = -0.5
+    for n in (1, 2):
+        args = TINY + ["--mode", "ensemble", "--epochs", "1", "--set", f"environment.data_file={data}",
+                       "--set", "environment.subset_fraction=1", "--output-dir", str(tmp_path / f"out{n}")]
+        r = run_py(args, env=env[0]) if n == 1 else run_mpi(2, args, env=env[0], timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+        assert lines[0] == ("sagips: error: reference data: 51 of 20000 events lie outside toy1d's support [0, 1] "
+                            "(e.g. 1.25), where no synthetic event can be: widen the class's `support`, or cut the "
+                            "events to it"), lines[0]
+
+
 def test_one_rank_resumes_bit_identically(env, tmp_path):
     import shutil
 
