@@ -807,3 +807,17 @@ def test_analyze_applies_the_runs_nonclosure_and_names_it(tmp_path, truth, capsy
     assert len(err.splitlines()) == 1 and "different analysis.nonclosure (0; 0.5; 0.7)" in err and "--nonclosure" in err
     with pytest.raises(SystemExit):
         main([str(tmp_path / "mixed"), "--out", str(tmp_path / "rep"), "--nonclosure", "-1"])
+
+
+def test_the_drift_advice_names_the_events_per_set_to_raise():
+    """A parameter still moving is told to raise environment.events_per_sample: from the value its runs used (what
+    `auto` chose, in run.json's batch_sized, or the config's number); unknown, the advice alone."""
+    from sagips.analysis.stats import DRIFT_ADVICE, drift_advice
+
+    auto = {"batch_sized": {"events_per_sample": 391}, "config": {"environment": {"events_per_sample": "auto"}}}
+    fixed = {"batch_sized": None, "config": {"environment": {"events_per_sample": 400}}}
+    assert drift_advice([auto, auto]) == DRIFT_ADVICE + " (391 here, chosen by auto)"
+    assert drift_advice([fixed]) == DRIFT_ADVICE + " (400 here)"
+    assert drift_advice([auto, fixed]) == DRIFT_ADVICE + " (391/400 here)"
+    assert drift_advice([{"config": {"environment": {}}}]) == DRIFT_ADVICE == (
+        "train longer, or raise environment.events_per_sample")

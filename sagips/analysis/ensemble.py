@@ -539,7 +539,8 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     corr = (stats.information_correlation(final.fisher) if final is not None and isinstance(final.fisher, np.ndarray)
             else None)
     return u, stats.convergence(names, g.epochs, series, spread, fraction, lower_bound=u.spread_from == "ranks",
-                                floor=u.cramer_rao, correlation=corr)
+                                floor=u.cramer_rao, correlation=corr,
+                                advice=stats.drift_advice([r.info for r in g.runs]))
 
 
 def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, final_noise_samples: int = 16384,
@@ -590,6 +591,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
     # (unnamed parameters as analyze and analysis.nonclosure name them: r_0, r_1, ...)
     names = list(names) if names and len(names) == series.shape[1] else [f"r_{i}" for i in range(series.shape[1])]
     ranks = np.asarray(final_quality.get("rank_params") or [final_quality["params"]], dtype=np.float64)
+    advice = stats.drift_advice([info])
     f = ((info.get("config") or {}).get("environment") or {}).get("subset_fraction")
     # a member of a job of several (--ensemble-size): its own ranks cannot judge it, the job's members can
     job = int(info.get("ensemble_members") or 1)
@@ -600,7 +602,8 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         what = ("one rank: no spread to judge the movement against" if job < 2 else
                 f"member {info.get('member', 0)} of {job}, one rank: no spread of its own to judge the movement "
                 f"against")
-        return stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, records=LOG_RECORDS), what
+        return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, records=LOG_RECORDS,
+                                  advice=advice), what)
     # the data's error (the Cramér-Rao bound at the final p^), where the environment knows its information
     n_events = (info.get("reference_data") or {}).get("events")
     fisher = (_fisher_at(env, np.asarray(final_quality["params"], dtype=np.float64))
@@ -615,7 +618,7 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
         if floor is not None:
             what += ", with the data's Cramér-Rao bound as its floor"
         return (stats.convergence(names, epochs, series, u.spread, unjudged=unjudged, records=LOG_RECORDS,
-                                  floor=u.cramer_rao, correlation=corr), what)
+                                  advice=advice, floor=u.cramer_rao, correlation=corr), what)
     # replicas that exchange: one member, whose ranks' spread is training noise (a lower bound)
     u = stats.uncertainty(ranks.mean(axis=0, keepdims=True), stats.member_scatter(ranks), len(ranks),
                           np.zeros(series.shape[1]), None, True)
@@ -630,4 +633,4 @@ def run_end_convergence(out_dir: str | Path, info: dict[str, Any], final_quality
     if floor is not None:
         what += "; the data's Cramér-Rao bound where it is larger"
     return (stats.convergence(names, epochs, series, spread, lower_bound=True, floor=floor, unjudged=unjudged,
-                              records=LOG_RECORDS, correlation=corr), what)
+                              records=LOG_RECORDS, advice=advice, correlation=corr), what)

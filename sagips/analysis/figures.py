@@ -188,15 +188,16 @@ def analysis_rate(summary: dict[str, Any], path: str) -> str:
 
 def uncertainty(summary: dict[str, Any], path: str) -> str:
     """One panel per parameter: each group's p^ +- sigma (black) and, beside it, +- each part of sigma (members,
-    ranks, drift, and the non-closure where one is applied), against the truth (dashed); a parameter still moving is
-    named in red."""
+    ranks, drift, the noise batch's Monte-Carlo error, and the non-closure where one is applied), against the truth
+    (dashed); a parameter still moving is named in red."""
     groups, names = summary["groups"], summary["parameters"]
     ncol = min(3, len(names))
     nrow = math.ceil(len(names) / ncol)
     fig, axes = plt.subplots(nrow, ncol, figsize=(0.6 + 3.3 * ncol, 0.9 + 2.6 * nrow), squeeze=False)
     _margins(fig, left=0.8, right=0.15, bottom=0.9, top=0.55, wspace=0.45, hspace=0.7)
-    parts = (("sigma", "σ", "k", 0.0), ("members", "members", "tab:blue", 0.15), ("ranks", "ranks", "tab:green", 0.25),
-             ("drift", "drift", "tab:red", 0.35), ("nonclosure", "non-closure", "tab:purple", 0.45))
+    parts = (("sigma", "σ", "k", 0.0), ("members", "members", "tab:blue", 0.12), ("ranks", "ranks", "tab:green", 0.2),
+             ("drift", "drift", "tab:red", 0.28), ("sampling", "noise", "tab:orange", 0.36),
+             ("nonclosure", "non-closure", "tab:purple", 0.44))
     labelled: set[str] = set()
     known = truth_known(summary["groups"])
     for i, name in enumerate(names):
@@ -207,7 +208,7 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
             moving |= bool(g["convergence"][i]["moving"])
             for key, label, colour, dx in parts:
                 err = (u.get(key) or [None] * len(names))[i]
-                if err is None or (key == "nonclosure" and not err):  # (no systematic applied: not drawn)
+                if err is None or (key in ("nonclosure", "sampling") and not err):  # (none: not drawn)
                     continue
                 ax.errorbar([j + dx], [u["p_hat"][i]], yerr=[err], fmt="o" if key == "sigma" else "none",
                             color=colour, capsize=3, markersize=4, linewidth=1.6 if key == "sigma" else 1.0,
@@ -222,7 +223,7 @@ def uncertainty(summary: dict[str, Any], path: str) -> str:
         ax.grid(alpha=0.3, axis="y")
     for k in range(len(names), nrow * ncol):
         axes[k // ncol][k % ncol].set_visible(False)
-    fig.legend(fontsize=7, loc="lower center", ncol=5)
+    fig.legend(fontsize=7, loc="lower center", ncol=6)
     fig.suptitle(r"$\hat p_i \pm \sigma_i$ at the last checkpoint, and the parts of $\sigma_i$ "
                  + ("(truth dashed)" if known else "(the data name no truth)"), fontsize=9)
     return _save(fig, path)

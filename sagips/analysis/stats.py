@@ -158,6 +158,21 @@ DRIFT_THRESHOLD = 1.0
 DRIFT_BOUNDS = 1.5
 #: what the diagnostic tells a user whose parameter still moves
 DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
+def drift_advice(infos: Sequence[dict]) -> str:
+    """DRIFT_ADVICE with the runs' events per parameter set (run.json: the value `auto` chose, or the config's
+    number), so that the user knows what to raise it from."""
+    def used(info: dict) -> Any:
+        sized = info.get("batch_sized") or {}
+        return sized.get("events_per_sample") or ((info.get("config") or {}).get("environment") or {}).get(
+            "events_per_sample")
+
+    values = sorted({v for v in map(used, infos) if isinstance(v, int) and not isinstance(v, bool)})
+    if not values or len(values) > 3:  # (unknown, or runs of many sizes: no one number to raise)
+        return DRIFT_ADVICE
+    auto = all((i.get("batch_sized") or {}).get("events_per_sample") for i in infos)
+    return f"{DRIFT_ADVICE} ({'/'.join(map(str, values))} here{', chosen by auto' if auto else ''})"
+
+
 #: what to do where nothing judges the movement (one rank, or ranks that exchange): more members, then analyze
 UNJUDGED_ADVICE = "train several members (--ensemble-size) and run sagips.analyze"
 
