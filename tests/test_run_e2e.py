@@ -44,7 +44,10 @@ def test_outputs_exist_and_load(ensemble_run):
     assert t[0] < t[1] < t[2]
     m = read_metrics(out / "metrics.jsonl")
     assert [rec["epoch"] for rec in m] == [1, 2, 4, 6]
-    assert all(len(rec["residuals"]) == 6 and rec["quality_ranks"] == 2 for rec in m)
+    assert all(len(rec["residuals"]) == 6 and rec["quality_ranks"] == 2 and rec["quality_of"] == "all ranks"
+               for rec in m)
+    # the last logged record scores what the final table does: the mean of both ranks' generators
+    assert m[-1]["params"] == info["final_quality"]["params"]
     assert "max |r|" in r.stdout
 
 
