@@ -5,7 +5,9 @@ checkpoint edited (another label, one rank, a wrong truth, a foreign environment
 """
 import csv
 import json
+import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -197,7 +199,7 @@ def test_group_by_label_and_mode(job):
 
 
 @pytest.mark.parametrize("status,says", [
-    ("running", "status running: still training, or killed"),
+    ("running", "status running: still training, or killed; its last record was written 3.0 h ago"),
     ("stopped", "stopped at epoch 2: --resume continues it"),
     ("failed", "failed: rank 1: FaultDrill: fault drill at epoch 3")])
 def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_named(job, tmp_path, capsys, status,
@@ -207,6 +209,9 @@ def test_runs_of_unequal_length_are_analysed_at_their_last_common_epoch_and_name
     for rank, eps in list_checkpoints(short).items():
         eps[4].unlink()  # this run stopped at epoch 2; member001 went on to 4
     edit_json(short / "run.json", status=status, stopped_at_epoch=2, error="rank 1: FaultDrill: fault drill at epoch 3")
+    old = time.time() - 3 * 3600  # (a run killed from outside 3 h ago: its newest record's age is named)
+    for f in ("run.json", "metrics.jsonl"):
+        os.utime(short / f, (old, old))
     rc = main([str(short), str(out / "member001"), "--out", str(tmp_path / "r"), "--noise-samples", "8",
                "--final-noise-samples", "16", "--resamples", "5"])
     assert rc == 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -464,14 +465,22 @@ def _fisher_at(env, p: np.ndarray) -> np.ndarray | str | None:
     return skipped if f is None else f
 
 
-def unfinished_status(info: dict) -> str:
-    """What run.json says of a run that did not complete, in a few words."""
+def unfinished_status(info: dict, path: Path | None = None) -> str:
+    """What run.json says of a run that did not complete, in a few words; for one still "running" (a kill from
+    outside leaves that), how long ago it last wrote run.json or metrics.jsonl, for the user to judge."""
     status = info.get("status")
     if status == "stopped":
         return f"stopped at epoch {info.get('stopped_at_epoch')}: --resume continues it"
     if status == "failed":
         return f"failed: {info.get('error') or 'see its log'}"
-    return f"status {status}: still training, or killed"
+    said = f"status {status}: still training, or killed"
+    times = [f.stat().st_mtime for f in (Path(path) / "run.json", Path(path) / "metrics.jsonl")
+             if f.is_file()] if path is not None else []
+    if not times:
+        return said
+    age = max(0.0, time.time() - max(times))
+    ago = f"{age:.0f} s" if age < 120 else f"{age / 60:.0f} min" if age < 7200 else f"{age / 3600:.1f} h"
+    return f"{said}; its last record was written {ago} ago"
 
 
 def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, final: FinalPrediction | None = None,
@@ -528,7 +537,7 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                        + " trained longer, and their later checkpoints are not used here (analyse them apart)")
     unfinished = [r for r in g.runs if r.info.get("status") not in (None, "complete")]
     if unfinished:  # (sagips.run's statuses: running, stopped, failed, complete)
-        u.notes.append(", ".join(f"{r.path} ({unfinished_status(r.info)})" for r in unfinished[:3])
+        u.notes.append(", ".join(f"{r.path} ({unfinished_status(r.info, r.path)})" for r in unfinished[:3])
                        + (f" and {len(unfinished) - 3} more" if len(unfinished) > 3 else "")
                        + f" did not complete: p̂ ± σ is at epoch {int(g.epochs[-1])}, not at the end of training")
     if u.spread_from == "members" and split:
