@@ -186,6 +186,7 @@ class ParametricEnvironment(Environment):
     event_width: ClassVar[int] = 1  #: columns of one event (simulate form, a class attribute; the density form has 1)
     n_uniforms: ClassVar[int | None] = None  #: uniforms per event passed to simulate (None = event_width)
     clips_events: ClassVar[bool] = False  #: a simulator whose class sets `support` (set by __init_subclass__)
+    SUPPORT_BLOCK: ClassVar[int] = 1 << 18  #: events per block of the reference data's check against `support`
     batch_key = "param_samples"  #: train.split_batch divides it (eq. 10)
     g_loss_reads_real = False  #: the generator loss sees synthetic events only (no real batch is drawn for it)
     keeps_arrays = True  #: attach_subset keeps the events as given (data.share=node: the node's window itself)
@@ -386,15 +387,21 @@ class ParametricEnvironment(Environment):
         if not (self.pipeline_method == "density" or self.clips_events) or not len(events):
             return
         lo, hi = (float(v) for v in self.support)
-        tol = 1e-6 * (hi - lo)  # (float32 rounding at the edges is no event outside)
-        out = (events < lo - tol) | (events > hi + tol)
-        rows = out.reshape(len(events), -1).any(-1)
-        if rows.any():
+        lo, hi = lo - 1e-6 * (hi - lo), hi + 1e-6 * (hi - lo)  # (float32 rounding at an edge is no event outside)
+        n_out, first = 0, None
+        for start in range(0, len(events), self.SUPPORT_BLOCK):  # blocks: no temporaries of the whole (shared) array
+            blk = events[start:start + self.SUPPORT_BLOCK]
+            if blk.min() < lo or blk.max() > hi:
+                out = (blk < lo) | (blk > hi)
+                n_out += int(out.reshape(len(blk), -1).any(-1).sum())
+                first = float(blk[out][0]) if first is None else first
+        if n_out:
             from sagips.io.refdata import DataError
 
-            raise DataError(f"reference data: {int(rows.sum())} of {len(events)} events lie outside {self.name}'s "
-                            f"support [{lo:g}, {hi:g}] (e.g. {float(events[out][0]):.6g}), where no synthetic event "
-                            f"can be: widen the class's `support`, or cut the events to it")
+            lo, hi = (float(v) for v in self.support)
+            raise DataError(f"reference data: {n_out} of {len(events)} events lie outside {self.name}'s support "
+                            f"[{lo:g}, {hi:g}] (e.g. {first:.6g}), where no synthetic event can be: widen the class's "
+                            f"`support`, or cut the events to it")
 
     def attach_data(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any], rng: np.random.Generator) -> None:
         self._check_support(arrays["events"])

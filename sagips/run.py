@@ -897,7 +897,8 @@ def _describe(r: _Run) -> None:
         # a refused state (another data key: e.g. data.share, or a rank now on another node) may be refused on some
         # ranks only: every rank raises the first refusal, none waits in a later collective; the run's files are
         # touched only once it is accepted
-        agree(comm, trainer.load_state_dict, load_state(out_dir, comm.rank, epoch0), error=ConfigError)
+        # (over the world: a job's members meet in world barriers next, so one member's refusal is every member's)
+        agree(r.world, trainer.load_state_dict, load_state(out_dir, comm.rank, epoch0), error=ConfigError)
         for stale in (e for e in mine if e > epoch0):  # this rank's states from past the resumed epoch: written again
             os.unlink(state_path(out_dir, comm.rank, stale))
         trainer.states = RankStates(out_dir, comm.rank, [e for e in mine if e <= epoch0], complete=epoch0)

@@ -28,7 +28,7 @@ from sagips.chunked import auto_chunk_rows
 from sagips.comm.buffer import GradBuffer
 from sagips.config import Config, ConfigError
 from sagips.environment import Environment
-from sagips.io.checkpoint import save_checkpoint
+from sagips.io.checkpoint import save_checkpoint, unwrapped_keys
 from sagips.io.metrics import MetricsWriter
 from sagips.guard import BadSteps
 from sagips.io.state import RankStates
@@ -255,6 +255,12 @@ class Trainer:
         k.add_(1.0)
 
     # ------------------------------------------------------------------------------------------------ resume
+    def _G_unwrapped(self) -> torch.nn.Module:
+        """The generator itself: the module that the DDP peer (sagips.ddp) wraps, else G."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        return self.G.module if isinstance(self.G, DistributedDataParallel) else self.G
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: networks, optimizers, scalers, RNGs, data subset."""
         st = self.state
@@ -262,7 +268,7 @@ class Trainer:
             "epoch": st.epoch, "time_s": st.time_s, "stats": dict(st.stats), "rank": self.rank,
             "environment": self.env.name,
             # the generator unwrapped (the DDP peer wraps it): the keys of a checkpoint, for the export and analyze
-            "generator": getattr(self.G, "module", self.G).state_dict(), "discriminator": self.D.state_dict(),
+            "generator": self._G_unwrapped().state_dict(), "discriminator": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(), "bad_steps": self.bad_steps,
@@ -281,11 +287,8 @@ class Trainer:
         if sd.get("environment") != self.env.name:
             raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
                               f"this run is {self.env.name!r}")
-        from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
-
-        # a DDP state saved before the generator was unwrapped has `module.`-prefixed keys
-        consume_prefix_in_state_dict_if_present(sd["generator"], "module.")
-        for name, net in (("generator", getattr(self.G, "module", self.G)), ("discriminator", self.D)):
+        sd["generator"] = unwrapped_keys(sd["generator"])  # (a DDP state from before it was saved unwrapped)
+        for name, net in (("generator", self._G_unwrapped()), ("discriminator", self.D)):
             try:
                 net.load_state_dict(sd[name])
             except RuntimeError as e:  # torch's message lists every tensor: one line that says what to do

@@ -114,6 +114,25 @@ def test_a_fold_layer_generator_is_written_exactly_with_its_folds(fold_layer_run
     assert q["export_exact"] and "js_unfolded" not in q and "holds the folds exactly" in env.summary_table(q)
 
 
+def test_a_state_is_checked_with_the_generator_it_exports(fold_layer_run, tmp_path):
+    """A training state (state/rankR/epochE.pt) exports its weight average, and the check scores that same generator,
+    not the raw one beside it; here a DDP state as older versions wrote it (every key `module.`-prefixed)."""
+    ck, env, G = fold_layer_run
+    (tmp_path / "run.json").write_text((ck.parents[2] / "run.json").read_text())
+    ema = G.state_dict()
+    raw = {k: v + 0.3 if v.is_floating_point() and k.startswith("model.") else v for k, v in ema.items()}
+    state = tmp_path / "state" / "rank0000" / "epoch0000001.pt"
+    state.parent.mkdir(parents=True)
+    torch.save({"generator": {f"module.{k}": v for k, v in raw.items()}, "epoch": 1, "environment": "optigan",
+                "generator_ema": {f"module.{k}": v for k, v in ema.items()}}, state)
+    info = export_opengate(state, tmp_path / "model.pt")  # (the raw generator's score would refuse the file)
+    assert info["distill"] is None and abs(info["quality"]["loss"]) < 0.05
+    export_opengate(ck, tmp_path / "ck.pt")  # the same generator from its checkpoint
+    x = torch.cat([torch.randn(256, 10), torch.rand(256, 3)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(load_plain(tmp_path / "model.pt")(x), load_plain(tmp_path / "ck.pt")(x))
+
+
 def test_fold_layer_refuses_what_it_cannot_write():
     from sagips.config import ConfigError
 

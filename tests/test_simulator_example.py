@@ -73,6 +73,9 @@ def test_support_clips_a_simulator_only_where_the_class_sets_it(smear):
                                         r"`support`, or cut the events to it$"):
         senv.attach_data({"events": events}, {}, rng)
     senv.attach_data({"events": events[:3]}, {}, rng)
+    senv.SUPPORT_BLOCK = 2  # (checked block by block: counted over every block, the first one outside named)
+    with pytest.raises(DataError, match=r"^reference data: 2 of 5 events lie outside .* \(e\.g\. -3\)"):
+        senv.attach_data({"events": np.array([[-2.0], [12.0], [-3.0], [3.0], [12.5]], dtype=np.float32)}, {}, rng)
     env.attach_data({"events": 100 * events}, {}, rng)
 
 

@@ -137,7 +137,7 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     """(the generator, the checkpoint dict) of a SAGIPS optiGAN checkpoint."""
     import pickle
 
-    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+    from sagips.io.checkpoint import unwrapped_keys
 
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True)
@@ -155,9 +155,11 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
         raise ValueError(f"{path}: a checkpoint of environment {env!r}, not optigan")
     # a training state (state/rankR/epochE.pt) holds the raw generator and, where train.ema > 0, its weight average,
     # which is what the run's checkpoints hold and its logged quality measured
+    # (a state of the DDP baseline from before it saved its generator unwrapped: `module.`-prefixed keys)
+    ck["generator"] = unwrapped_keys(ck["generator"])
+    if ck.get("generator_ema"):
+        ck["generator_ema"] = unwrapped_keys(ck["generator_ema"])
     state = ck.get("generator_ema") or ck["generator"]
-    # a state of the DDP baseline (sagips.ddp) saved before its generator was unwrapped has `module.`-prefixed keys
-    consume_prefix_in_state_dict_if_present(state, "module.")
     if "model.6.weight" in state:
         generator_dims(state)  # a ValueError that names the keys, for a state dict of another layout
     try:
@@ -213,7 +215,7 @@ def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4,
 
         say("making the run's reference data again (its seed) for the check")
         env, _ = environment_for_config(config)
-        folded = folded_generator(env, ck["generator"])
+        folded = folded_generator(env, ck.get("generator_ema") or ck["generator"])  # (the generator exported)
     exported_G, distilled = G, None
     if distill_steps > 0:
         from .exported import distill

@@ -158,6 +158,8 @@ DRIFT_THRESHOLD = 1.0
 DRIFT_BOUNDS = 1.5
 #: what the diagnostic tells a user whose parameter still moves
 DRIFT_ADVICE = "train longer, or raise environment.events_per_sample"
+
+
 def drift_advice(infos: Sequence[dict]) -> str:
     """DRIFT_ADVICE with the runs' events per parameter set (run.json: the value `auto` chose, or the config's
     number), so that the user knows what to raise it from."""

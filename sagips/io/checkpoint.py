@@ -33,6 +33,15 @@ def save_checkpoint(out_dir, rank: int, epoch: int, time_s: float, generator: to
     return path
 
 
+def unwrapped_keys(state: dict[str, Any]) -> dict[str, Any]:
+    """A generator's state dict with the keys of the module itself: a training state of the DDP baseline written
+    before it saved its generator unwrapped has every key `module.`-prefixed (DistributedDataParallel's); any other
+    state dict is returned as it is."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load safely: weights_only=True refuses anything that could run code."""
     return torch.load(path, map_location="cpu", weights_only=True)
