@@ -173,14 +173,16 @@ def test_gpu_recipe_switches_run(tmp_path):
 @pytest.mark.parametrize("what, says", [
     ("opengate", "an opengate optiGAN file already (generator_state_dict): GATE loads it as it is"),
     ("module", "holds more than tensors (a pickled object"),
-    ("prefixed", "its generator has no key 'model.0.weight' (keys: module.model.0.weight"),
+    ("other", "its generator has no key 'model.0.weight' (keys: gen.model.0.weight"),
+    ("shapes", "its generator does not fit SAGIPS's optiGAN layout (model.0.weight (2,), ...; "),
 ])
 def test_export_of_what_is_not_a_sagips_checkpoint_is_one_line(tmp_path, capsys, what, says):
     from sagips_environments.optigan.export import main as export_main
 
     path = tmp_path / "in.pt"
     torch.save({"opengate": {"generator_state_dict": {}}, "module": torch.nn.Linear(2, 2),
-                "prefixed": {"generator": {"module.model.0.weight": torch.zeros(2)}, "environment": "optigan"}}[what],
+                "other": {"generator": {"gen.model.0.weight": torch.zeros(2)}, "environment": "optigan"},
+                "shapes": {"generator": {"module.model.0.weight": torch.zeros(2)}, "environment": "optigan"}}[what],
                path)
     assert export_main([str(path), "--out", str(tmp_path / "out.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -167,6 +167,10 @@ def load_sagips_generator(path: str | Path) -> tuple[OptiGANGenerator, dict]:
     except KeyError as e:
         raise ValueError(f"{path}: its generator has no key {e} (keys: {', '.join(list(state)[:4])}, ...): not an "
                          f"optiGAN generator of SAGIPS's layout") from None
+    except (ValueError, RuntimeError) as e:  # (shapes of another network: torch's message is many lines)
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in list(state.items())[:3])
+        raise ValueError(f"{path}: its generator does not fit SAGIPS's optiGAN layout ({shapes}, ...; "
+                         f"{str(e).splitlines()[0][:120]})") from None
 
 
 def export_opengate(checkpoint: str | Path, out: str | Path, atol: float = 1e-4, distill_steps: int | None = None,
