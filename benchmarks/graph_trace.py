@@ -41,6 +41,7 @@ def rank_main(argv: list[str]) -> int:
     """One rank: sagips.run with the fingerprint chained into the plan's last device segment."""
     import sagips.run
     import sagips.trainer as T
+    from sagips.models import unwrap
 
     plan, fit = T.Trainer.plan, T.Trainer.fit
 
@@ -51,7 +52,7 @@ def rank_main(argv: list[str]) -> int:
             n = self.cfg.train.epochs
             if not hasattr(self, "_trace"):  # a row per epoch of the run
                 self._trace = torch.zeros(n, len(COLUMNS), dtype=torch.float64, device=self.epoch_t.device)
-            G = getattr(self.G, "module", self.G)
+            G = unwrap(self.G)
 
             def total(ps, f=lambda t: t):
                 return torch.stack([f(p.detach().double()).sum() for p in ps]).sum()

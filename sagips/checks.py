@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from sagips.environment import Environment, EnvironmentCheckError
+from sagips.models import unwrap
 
 
 def _pipeline(env: Environment) -> str:
@@ -114,7 +115,7 @@ class _FrozenRandomness:
 def first_epoch_problem(env: Environment, G: torch.nn.Module, real: Any) -> str | None:
     """Every check on a trial pass (generator width, then one synthetic batch with gradients): the first problem's
     message, or None. The training's random streams are left untouched."""
-    G = getattr(G, "module", G)  # a DDP-wrapped generator: check the module (no collective on one rank)
+    G = unwrap(G)  # a DDP-wrapped generator: check the module (no collective on one rank)
     with _FrozenRandomness(env):
         problem = generator_width(env, G)
         if problem:

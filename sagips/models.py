@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def unwrap(G: nn.Module) -> nn.Module:
+    """The network itself: the module that DistributedDataParallel wraps (the DDP baseline, sagips.ddp), else G."""
+    return G.module if isinstance(G, DistributedDataParallel) else G
 
 
 def mlp(n_in: int, n_out: int, hidden: int = 128, layers: int = 4, slope: float = 0.2,

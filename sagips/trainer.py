@@ -29,6 +29,7 @@ from sagips.comm.buffer import GradBuffer
 from sagips.config import Config, ConfigError
 from sagips.environment import Environment
 from sagips.io.checkpoint import save_checkpoint, unwrapped_keys
+from sagips.models import unwrap
 from sagips.io.metrics import MetricsWriter
 from sagips.guard import BadSteps
 from sagips.io.state import RankStates
@@ -238,7 +239,7 @@ class Trainer:
         the average does not remember the random initialisation); buffers are copied. k and d live on the device."""
         import copy
 
-        base = getattr(self.G, "module", self.G)  # the DDP peer wraps G
+        base = unwrap(self.G)  # (the DDP peer wraps G)
         if self.G_ema is None:
             self.G_ema = copy.deepcopy(base).requires_grad_(False)
             self.ema_k.zero_()
@@ -255,12 +256,6 @@ class Trainer:
         k.add_(1.0)
 
     # ------------------------------------------------------------------------------------------------ resume
-    def _G_unwrapped(self) -> torch.nn.Module:
-        """The generator itself: the module that the DDP peer (sagips.ddp) wraps, else G."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        return self.G.module if isinstance(self.G, DistributedDataParallel) else self.G
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue bit-identically: networks, optimizers, scalers, RNGs, data subset."""
         st = self.state
@@ -268,7 +263,7 @@ class Trainer:
             "epoch": st.epoch, "time_s": st.time_s, "stats": dict(st.stats), "rank": self.rank,
             "environment": self.env.name,
             # the generator unwrapped (the DDP peer wraps it): the keys of a checkpoint, for the export and analyze
-            "generator": self._G_unwrapped().state_dict(), "discriminator": self.D.state_dict(),
+            "generator": unwrap(self.G).state_dict(), "discriminator": self.D.state_dict(),
             "opt_g": self.opt_g.state_dict(), "opt_d": self.opt_d.state_dict(),
             "scaler_g": self.scaler_g.state_dict(), "scaler_d": self.scaler_d.state_dict(),
             "rng_env": self.env.gen.get_state(), "rng_torch": torch.get_rng_state(), "bad_steps": self.bad_steps,
@@ -288,7 +283,7 @@ class Trainer:
             raise ConfigError(f"--resume: the saved state is from environment {sd.get('environment')!r}, "
                               f"this run is {self.env.name!r}")
         sd["generator"] = unwrapped_keys(sd["generator"])  # (a DDP state from before it was saved unwrapped)
-        for name, net in (("generator", self._G_unwrapped()), ("discriminator", self.D)):
+        for name, net in (("generator", unwrap(self.G)), ("discriminator", self.D)):
             try:
                 net.load_state_dict(sd[name])
             except RuntimeError as e:  # torch's message lists every tensor: one line that says what to do
@@ -317,7 +312,7 @@ class Trainer:
         if "generator_ema" in sd and self.cfg.train.ema > 0:
             import copy
 
-            self.G_ema = copy.deepcopy(getattr(self.G, "module", self.G)).requires_grad_(False)
+            self.G_ema = copy.deepcopy(unwrap(self.G)).requires_grad_(False)
             self.G_ema.load_state_dict(sd["generator_ema"])
             self.ema_k.fill_(float(sd["ema_steps"]))
         self.state = TrainState(epoch=int(sd["epoch"]), time_s=float(sd["time_s"]), stats=dict(sd["stats"]))
@@ -433,7 +428,7 @@ class Trainer:
             out.append("fp16 loss scaling (GradScaler keeps per-step state on the host)")
         if any(lr is None for lr in self.lr_t.values()):
             out.append("Adam has no fused kernel here (train.fused_adam=false or an unsupported device)")
-        if self.G is not getattr(self.G, "module", self.G):
+        if self.G is not unwrap(self.G):
             out.append("a wrapped generator (the DDP baseline)")
         if self.delay_s:
             out.append("pipeline.delay_s (a host sleep inside the step)")
@@ -626,7 +621,7 @@ class Trainer:
         there is one, <- their mean over all ranks (one Allreduce of one flat float32 buffer), so that the generator
         that is checkpointed is the same on every rank too. Moments that this rank has not made yet count as zeros
         and are not written back."""
-        G = getattr(self.G, "module", self.G)
+        G = unwrap(self.G)
         params = list(G.parameters())
         tensors = [p.data for p in params]
         for p in params:

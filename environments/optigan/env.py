@@ -33,6 +33,7 @@ import torch
 
 from sagips.config import ConfigError, opt
 from sagips.environment import Environment
+from sagips.models import unwrap
 
 from .js import FEATURES, similarity
 from .nets import COND_DIM, PHOTON_DIM, OptiGANCritic, OptiGANGenerator, gradient_penalty
@@ -388,7 +389,7 @@ class OptiGAN(Environment):
         noise = torch.randn((len(real), self.cfg.noise_dim), generator=self.gen, device=self.device)
         fake = G(torch.cat([noise, cond], dim=1))
         if self.cfg.bounds_penalty > 0:  # for g_loss: the raw outputs' excess over the bounds, from this forward
-            m = getattr(G, "module", G)
+            m = unwrap(G)  # (the DDP baseline wraps G)
             self._excess, m.excess = m.excess, None  # taken, so that no module holds a graph
         return torch.cat([fake.float(), cond], dim=1)
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from sagips.io.atomic import atomic_open
+from sagips.models import unwrap
 
 _NAME = re.compile(r"^epoch(\d{7})\.pt$")
 
@@ -24,7 +25,7 @@ def checkpoint_path(out_dir: str | os.PathLike, rank: int, epoch: int) -> Path:
 def save_checkpoint(out_dir, rank: int, epoch: int, time_s: float, generator: torch.nn.Module,
                     environment: str, **extra: Any) -> Path:
     path = checkpoint_path(out_dir, rank, epoch)
-    generator = getattr(generator, "module", generator)  # a DDP-wrapped generator (sagips.ddp) saves its module
+    generator = unwrap(generator)  # a DDP-wrapped generator (sagips.ddp) saves its module
     state = {k: v.detach().cpu().clone() for k, v in generator.state_dict().items()}
     payload = {"generator": state, "epoch": int(epoch), "time_s": float(time_s), "rank": int(rank),
                "environment": environment, **extra}
