@@ -341,6 +341,26 @@ def test_t_normalised_pulls_of_an_exact_sigma_have_unit_width_and_the_verdict_re
         assert coverage.calibration_verdict(dict(row, ml_pull_width=1.0)) == "missed"
 
 
+def test_a_coverage_that_misses_as_the_ml_fits_own_does_says_so():
+    """The ML fit's own coverage of +-1 sigma_ML on the same data sets (a hand count from the records) stands beside
+    the GAN's; a coverage that misses the target on the same side as it does says so in the verdict, else not."""
+    folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
+    recs = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
+    for i, row in enumerate(coverage.stats_of(recs)):
+        hand = sum(abs(r["ml"]["p"][i] - r["truth"][i]) <= r["ml"]["sigma"][i] for r in recs) / len(recs)
+        assert row["ml_cover1"] == pytest.approx(hand, abs=1e-12)
+    row = {"pull_width_t": 0.9, "n": 40, "cover1": 0.85}
+    assert coverage.calibration_verdict(row) == "missed"
+    assert coverage.calibration_verdict(dict(row, ml_cover1=0.82)) == \
+        "missed (±1σ; the ML fit's own ±1σ_ML covers 82 % of these data sets)"
+    assert coverage.calibration_verdict(dict(row, ml_cover1=0.70)) == "missed"  # the ML fit meets it: a real miss
+    assert coverage.calibration_verdict(dict(row, cover1=0.5, ml_cover1=0.82)) == "missed"  # the other side
+    both = dict(row, pull_width_t=0.7, ml_pull_width=0.75, ml_cover1=0.8)
+    assert coverage.calibration_verdict(both) == ("missed (width; the ML fit's pulls on these data sets: 0.75; ±1σ; "
+                                                  "the ML fit's own ±1σ_ML covers 80 % of these data sets)")
+    assert coverage.calibration_verdict(dict(row, cover1=0.7, ml_cover1=0.9)) == "met"
+
+
 def test_a_preset_changed_under_a_study_is_never_resumed_nor_summarised(tmp_path, monkeypatch):
     """A profile's id names its --set, not the preset's contents: each record carries a digest of the preset's
     settings, a rerun refuses to resume records of other settings (one line, what to do), and the summary leaves
