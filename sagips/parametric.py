@@ -211,8 +211,9 @@ class ParametricEnvironment(Environment):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "parameters" not in cls.__dict__:
-            return  # an intermediate base class
+        if getattr(cls, "parameters", None) is None:
+            return  # an intermediate base class (a subclass of an environment is one: its true_params, support...
+            # of its own are used, and its Config is derived from its parent's)
         where = f"{cls.__module__}.{cls.__qualname__}"
         params, truth = cls.parameters, getattr(cls, "true_params", None)
         if not isinstance(params, dict) or not params:
@@ -242,6 +243,8 @@ class ParametricEnvironment(Environment):
                                                 c is not ParametricEnvironment)
         cls.datasets = {"events": cls.event_width}
         if "Config" not in cls.__dict__:
+            base = DensityConfig if has_density else ParametricConfig
+            parent = getattr(cls, "Config", None)  # a parent environment's, which may hold settings of its own
             cls.Config = dataclasses.make_dataclass(
                 f"{cls.__name__}Config",
                 [("name", str, opt(cls.name, "registered environment name")),
@@ -249,7 +252,7 @@ class ParametricEnvironment(Environment):
                                           .metadata["help"])),
                  ("bounds", Any, opt({k: list(v) for k, v in params.items()},
                                      ParametricConfig.__dataclass_fields__["bounds"].metadata["help"]))],
-                bases=(DensityConfig if has_density else ParametricConfig,),
+                bases=(parent if isinstance(parent, type) and issubclass(parent, base) else base,),
                 namespace={"env_parameters": dict(params), "env_truth": dict(truth), "__module__": cls.__module__})
 
     # -- the user's physics (one of the two) --------------------------------------------------------------------
@@ -328,9 +331,12 @@ class ParametricEnvironment(Environment):
         if not torch.is_tensor(ev):
             return f"a {type(ev).__name__} (return a torch tensor)"
         got = tuple(ev.shape)
-        if ev.numel() == math.prod(want):
-            return (f"{got}: the right number of values, return them as .reshape(u.shape[0], u.shape[1], "
-                    f"{self.event_width})")
+        if ev.numel() == math.prod(want) and self.event_width == 1:
+            return f"{got}: the right number of values, return them as .reshape(u.shape[0], u.shape[1], 1)"
+        if ev.numel() == math.prod(want):  # (a reshape would mix the columns of different events)
+            return (f"{got}: the right number of values in another layout: put each event's {self.event_width} "
+                    f"columns on the last axis, e.g. torch.stack(columns, dim=-1) of (B, E) tensors or "
+                    f"torch.cat(columns, dim=-1) of (B, E, 1) ones")
         if ev.ndim == 3 and got[:2] == want[:2] and got[2] == 0:
             return (f"{got}: no columns per event; does simulate read more uniforms from u than n_uniforms = "
                     f"{self.n_uniforms or self.event_width}? (set the class attribute n_uniforms)")

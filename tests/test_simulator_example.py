@@ -148,6 +148,82 @@ def test_shape_errors_name_the_expected_and_the_got_shape(cls, tail):
     assert "\n" not in str(e.value)
 
 
+class TwoColumns(ParametricEnvironment):
+    """Events of two columns (an energy and a time), each (B, E, 1)."""
+    name = "two_columns"
+    parameters = {"g": (0.5, 2.0), "tau": (0.5, 3.0)}
+    true_params = {"g": 1.2, "tau": 1.5}
+    event_width = n_uniforms = 2
+
+    def columns(self, p, u):
+        return p[:, None, :1] * u[..., :1], -p[:, None, 1:2] * torch.log1p(-u[..., 1:2])
+
+    def simulate(self, p, u):
+        return torch.cat(self.columns(p, u), dim=-1)
+
+
+class EventAxis(TwoColumns):
+    def simulate(self, p, u):
+        return torch.cat(self.columns(p, u), dim=1)  # the columns on the events' axis: (B, 2E, 1)
+
+
+def test_columns_on_the_wrong_axis_are_told_the_last_axis_not_a_reshape():
+    """A reshape of (B, 2E, 1) to (B, E, 2) would pair values of different events: the hint names the last axis."""
+    env, _ = build(EventAxis)
+    p, u = torch.tensor([[1.0, 1.5], [1.2, 2.0]]), torch.rand(2, 3, 2)
+    with pytest.raises(EnvironmentCheckError, match=r"^simulate: expected events of shape \(B, E, event_width\) = "
+                       r"\(2, 3, 2\) for p \(2, 2\) and u \(2, 3, 2\), got \(2, 6, 1\): the right number of values in "
+                       r"another layout: put each event's 2 columns on the last axis, e\.g\. torch\.stack\(columns, "
+                       r"dim=-1\) of \(B, E\) tensors or torch\.cat\(columns, dim=-1\) of \(B, E, 1\) ones$") as e:
+        env._events(p, u)
+    assert "\n" not in str(e.value) and "reshape" not in str(e.value)
+
+    env, _ = build(TwoColumns)
+    ev = env._events(p, u)  # the fix the hint names: each event's own energy and time
+    e, t = TwoColumns.columns(None, p, u)
+    assert torch.equal(ev, torch.cat((e, t), dim=2))
+
+
+def test_a_subclass_of_an_environment_uses_its_own_truth_support_and_the_parents_settings():
+    """A subclass that changes only true_params (or support) of an environment: its own values are used, and a truth
+    outside the bounds is one line; before, it silently trained against the parent's truth."""
+    from dataclasses import field, make_dataclass
+
+    class OtherTruth(TwoColumns):
+        name = "two_columns_other"
+        true_params = {"g": 1.8, "tau": 0.9}
+
+    cfg = build(OtherTruth)[1]
+    assert cfg.true_params == {"g": 1.8, "tau": 0.9} and cfg.name == "two_columns_other"
+    assert build(TwoColumns)[1].true_params == {"g": 1.2, "tau": 1.5}  # (the parent's unchanged)
+
+    class BadTruth(TwoColumns):
+        name = "two_columns_bad"
+        true_params = {"g": 2.5, "tau": 1.5}
+
+    with pytest.raises(ConfigError, match=r"^the environment class's true_params\['g'\] \(environment\.true_params\.g "
+                                          r"not changed\): 2\.5 is outside the bounds \[0\.5, 2\.0\] of parameter g$"):
+        build(BadTruth)[1].validate()
+    with pytest.raises(TypeError, match=r"true_params: expected a mapping with the names of `parameters`"):
+        class Unnamed(TwoColumns):
+            true_params = {"g": 1.0}
+
+    class Clipped(TwoColumns):  # a detector's range added by a subclass clips its events
+        support = (0.0, 1.0)
+
+    assert Clipped.clips_events and not TwoColumns.clips_events
+
+    class Own(TwoColumns):  # a parent with settings of its own in its Config: the subclass keeps them
+        name = "two_columns_own"
+        Config = make_dataclass("OwnConfig", [("gate", float, field(default=0.5))], bases=(TwoColumns.Config,))
+
+    class Child(Own):
+        true_params = {"g": 0.7, "tau": 2.0}
+
+    cfg = build(Child, gate=0.25)[1]
+    assert cfg.gate == 0.25 and cfg.true_params == {"g": 0.7, "tau": 2.0} and cfg.name == "two_columns_own"
+
+
 def test_smear1d_trains_and_says_whose_quality_it_logs(site, tmp_path):
     out = tmp_path / "run"
     r = run_py(["-m", "sagips.run", "--config", "smear1d:quick", "--mode", "ensemble", "--no-progress",
