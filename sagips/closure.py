@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from sagips.analysis import stats
-from sagips.analysis.ensemble import AnalysisError, job_uncertainty
+from sagips.analysis.ensemble import AnalysisError, data_identity, expand_run_dirs, job_uncertainty, load_run
 
 PROG = "sagips.closure"
 FEW = 10  #: below this many data sets s^2's error is said to be large
@@ -53,7 +53,16 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
     """Per job: p^, sigma without a non-closure, its degrees of freedom, the bound and the truth (arrays (K, P));
     `say` gets a line per job (progress)."""
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
-    names, unsettled, dirs = None, [], [str(d) for d in job_dirs]
+    names, unsettled, unfinished, dirs = None, [], [], [str(d) for d in job_dirs]
+    fitted: dict[Any, str] = {}  # data set -> the job that fitted it (run.json only: before any checkpoint is read)
+    for d in job_dirs:
+        for r in (load_run(p) for p in expand_run_dirs([d])):
+            first = fitted.setdefault(data_identity(r), str(d))
+            if first != str(d):
+                kind, what, *_ = data_identity(r)
+                raise AnalysisError(f"{first} and {d} fitted the same data set ("
+                                    + (f"data file {what}" if kind == "file" else f"generated with seed {what}")
+                                    + "): a closure test needs one job per data set, each made with its own seed")
     for k, d in enumerate(job_dirs):
         say(f"{PROG}: job {k + 1} of {len(job_dirs)}: {d}")
         g, _, u, conv = job_uncertainty([d], noise_samples, final_noise_samples, nonclosure=0.0)
@@ -70,10 +79,13 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
         names = these
         if any(c["moving"] is not False for c in conv):  # still moving, or not judged: the training is unfinished
             unsettled.append(str(d))
+        if any(r.info.get("status") not in (None, "complete") for r in g.runs):  # killed, stopped, or running
+            unfinished.append(str(d))
         for key, v in (("p_hat", u.p_hat), ("sigma", u.sigma), ("dof", u.dof), ("bound", u.cramer_rao),
                        ("truth", g.truth)):
             rows[key].append(np.asarray(v, dtype=np.float64))
-    return {"names": names, "unsettled": unsettled, "dirs": dirs, **{k: np.stack(v) for k, v in rows.items()}}
+    return {"names": names, "unsettled": unsettled, "unfinished": unfinished, "dirs": dirs,
+            **{k: np.stack(v) for k, v in rows.items()}}
 
 
 def closure(f: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +119,8 @@ def closure(f: dict[str, Any]) -> dict[str, Any]:
            if p["nonclosure_sq_error"] is not None and p["nonclosure_sq"] > p["nonclosure_sq_error"]}
     advise = bool(keep.any()) and not far and bool(rec)
     return {"data_sets": n, "left_out": [d for d in f["unsettled"]] if keep.any() else [],
-            "unsettled": list(f["unsettled"]), "settled": bool(keep.any()), "parameters": params, "far": far,
+            "unsettled": list(f["unsettled"]), "unfinished": list(f.get("unfinished", [])),
+            "settled": bool(keep.any()), "parameters": params, "far": far,
             "recommended": {p["name"]: rec.get(p["name"], 0.0) for p in params} if advise else None}
 
 
@@ -145,6 +158,11 @@ def report(c: dict[str, Any]) -> list[str]:
                                         "advised") + f": {', '.join(left[:3])}{', ...' if len(left) > 3 else ''}; "
                      "train them longer (python -m sagips.analyze JOB names each parameter's reason; where it says "
                      "too few records, lower train.checkpoint_every)")
+    late = [d for d in c.get("unfinished", []) if d not in c["left_out"]]
+    if late:
+        lines.append(f"- {len(late)} job(s) did not complete (killed, stopped or still running), and their fit above "
+                     f"is at their last checkpoint: {', '.join(late[:3])}{', ...' if len(late) > 3 else ''} "
+                     "(python -m sagips.analyze JOB names the epoch)")
     if c["far"]:
         lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
                      "truth: they have not reached the data's floor, which a non-closure would only hide; train "

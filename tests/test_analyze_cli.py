@@ -274,3 +274,45 @@ def test_bad_input_different_environments(job, tmp_path, capsys):
     edit_json(renamed / "run.json", environment="optigan")
     msg = _bad(capsys, [str(out / "member000"), str(renamed), "--out", str(tmp_path / "r")])
     assert "different environments" in msg
+
+
+def test_bad_input_members_of_several_data_sets_some_shared(job, tmp_path, capsys):
+    """Two runs of 2 independent ranks each, on two data sets (another seed): sigma's rule knows one data set for
+    all members or one per member, not this (it would count the ranks that share a set as independent)."""
+    _, out = job
+    other = copy_run(out / "member001", tmp_path / "other")
+    info = json.loads((other / "run.json").read_text())
+    assert info["mode"] == "ensemble" and info["world_size"] == 2  # (each run: 2 members of one data set)
+    edit_json(other / "run.json", config=dict(info["config"], seed=info["config"]["seed"] + 17))
+    msg = _bad(capsys, [str(out / "member000"), str(other), "--out", str(tmp_path / "r")])
+    assert ("group 'ensemble': the members learned from 2 different data sets, 2 of them from one" in msg
+            and f"{other}: data generated with seed {info['config']['seed'] + 17}" in msg
+            and "analyse each data set's runs apart" in msg), msg
+    assert not (tmp_path / "r").exists()
+    # one member per data set (a run of exchanging ranks is one member): independent data sets, accepted
+    for r, seed in ((out / "member000", 1), (other, 2)):
+        one = copy_run(r, tmp_path / f"one{seed}", ranks=[0])
+        edit_json(one / "run.json", world_size=1, config=dict(info["config"], seed=seed))
+    assert main([str(tmp_path / "one1"), str(tmp_path / "one2"), "--out", str(tmp_path / "r1"),
+                 "--noise-samples", "8", "--final-noise-samples", "8"]) == 0
+
+
+def test_unreadable_or_damaged_files_are_one_line(job, tmp_path, capsys, monkeypatch):
+    _, out = job
+    bad = copy_run(out / "member001", tmp_path / "bad")
+    path = list_checkpoints(bad)[1][max(list_checkpoints(bad)[1])]
+    os.truncate(path, 100)  # a damaged newest checkpoint: named, and what to do
+    msg = _bad(capsys, [str(bad), "--out", str(tmp_path / "r"), "--noise-samples", "8"])
+    assert f"{path}: cannot load checkpoint (" in msg and "move it away to analyse the run at its previous" in msg
+    import pathlib
+
+    import sagips.analysis.ensemble as ens
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied", str(bad / "checkpoints" / "rank0001"))
+
+    monkeypatch.setattr(ens, "list_checkpoints", denied)  # (as root, chmod 000 denies nothing)
+    msg = _bad(capsys, [str(bad), "--out", str(tmp_path / "r")])
+    assert msg.endswith(f"{bad / 'checkpoints' / 'rank0001'}: cannot read it (Permission denied)"), msg
+    monkeypatch.setattr(pathlib.Path, "iterdir", denied)
+    assert _bad(capsys, [str(bad), "--out", str(tmp_path / "r")]).endswith(f"{bad}: cannot read it (Permission denied)")

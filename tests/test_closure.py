@@ -2,6 +2,7 @@
 its non-closure s^2 = mean((p^ - p_true)^2 - sigma^2)/bound^2 against a hand computation with the bound computed
 apart (the Fisher information of proxy1d, checked against its ML fit in tests/test_ml_covariance.py), and its bad
 input as one line."""
+import itertools
 import json
 import math
 
@@ -12,15 +13,17 @@ from sagips.closure import main
 from tests.test_uncertainty import proxy1d, series, write_run
 
 EVENTS = 1_000_000  #: (bounds of ~1 % of the parameters: shifts of a few bounds keep them alike)
+SEEDS = itertools.count(1000)  #: one data set per job: each job's own seed
 
 
-def job(path, truth, shift, events=EVENTS):
+def job(path, truth, shift, events=EVENTS, seed=None):
     """Four members 1e-5 apart (so sigma is the data's floor, sqrt(1 + 1/4) bounds at subset_fraction 0.5) around
-    truth + shift."""
+    truth + shift, on a data set of their own (generated with the job's seed)."""
     offsets = np.outer([1.0, -1.0, 0.5, -0.5], np.abs(truth)) * 1e-5
+    seed = next(SEEDS) if seed is None else seed
     for m in range(4):
         write_run(path / f"member{m:03d}", "ensemble", series(np.asarray(truth) + shift, offsets[m:m + 1]), member=m,
-                  events=events)
+                  events=events, seed=seed)
     return path
 
 
@@ -138,3 +141,25 @@ def test_jobs_still_moving_are_left_out_of_the_estimate(tmp_path, capsys):
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
     assert b["left_out"] == [str(moving)] and b["data_sets"] == a["data_sets"] == 2
     assert [p["nonclosure_sq"] for p in b["parameters"]] == [p["nonclosure_sq"] for p in a["parameters"]]
+
+
+def test_jobs_of_one_data_set_are_refused_and_unfinished_jobs_named(tmp_path, capsys):
+    """A closure test averages over data sets: two jobs on one data set (the same seed, or one data file) are one
+    line; a job that did not complete (killed: status running) is used at its last checkpoint, and named."""
+    env, cfg = proxy1d()
+    truth = np.asarray(cfg.true_params)
+    a = job(tmp_path / "a", truth, np.zeros(6), seed=7)
+    b = job(tmp_path / "b", truth, np.zeros(6), seed=7)
+    assert main([str(a), str(b), "--noise-samples", "4", "--final-noise-samples", "4"]) == 2
+    err = errors(capsys.readouterr().err)
+    assert err == [f"sagips.closure: error: {a} and {b} fitted the same data set (generated with seed 7): a closure "
+                   "test needs one job per data set, each made with its own seed"], err
+    for m in range(4):
+        rj = b / f"member{m:03d}" / "run.json"
+        info = json.loads(rj.read_text())
+        info["config"]["seed"] = 8
+        rj.write_text(json.dumps(dict(info, status="running")))
+    assert main([str(a), str(b), "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"- 1 job(s) did not complete (killed, stopped or still running), and their fit above is at their last " \
+           f"checkpoint: {b} (python -m sagips.analyze JOB names the epoch)" in out, out

@@ -112,7 +112,10 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     for p in map(Path, paths):
         if not p.is_dir():
             raise AnalysisError(f"{p}: no such directory")
-        members = sorted(d for d in p.iterdir() if d.is_dir() and _MEMBER.match(d.name))
+        try:
+            members = sorted(d for d in p.iterdir() if d.is_dir() and _MEMBER.match(d.name))
+        except OSError as e:
+            raise AnalysisError(f"{p}: cannot read it ({e.strerror})") from None
         if (p / "run.json").is_file() and members:
             raise AnalysisError(f"{p}: holds both a run (run.json) and ensemble members ({members[0].name}, ...); "
                                 f"name the run directories you mean explicitly")
@@ -153,7 +156,10 @@ def load_run(path: str | Path) -> Run:
     truth = np.asarray(truth, dtype=np.float64)
     if truth.ndim != 1 or np.any(truth == 0) or not np.all(np.isfinite(truth)):
         raise AnalysisError(f"{path}: run.json truth must be finite, non-zero numbers, got {info['truth']!r}")
-    ck = list_checkpoints(path)
+    try:
+        ck = list_checkpoints(path)
+    except OSError as e:
+        raise AnalysisError(f"{e.filename or path}: cannot read it ({e.strerror})") from None
     if not ck:
         raise AnalysisError(f"{path}: no checkpoints (expected checkpoints/rank0000/epoch0000001.pt and so on)")
     missing = sorted(set(range(int(info["world_size"]))) - set(ck))
@@ -198,7 +204,32 @@ def group_runs(runs: Sequence[Run], by: str) -> dict[str, list[Run]]:
             if r.truth.shape != ref.truth.shape or not np.allclose(r.truth, ref.truth, rtol=1e-12, atol=0.0):
                 raise AnalysisError(f"group {name!r}: mismatched truths: {ref.path} has {ref.truth.tolist()} but "
                                     f"{r.path} has {r.truth.tolist()}")
+        check_data_sets(members, f"group {name!r}: ")
     return groups
+
+
+def check_data_sets(runs: Sequence[Run], where: str = "") -> None:
+    """sigma's members rule knows one data set shared by every member, one data set per member, or disjoint parts of
+    one (docs/analysis.md, "What sigma contains"); members of several data sets, some shared by several members,
+    are none of these (sigma would count the shared ones as independent, and come out too small): one line."""
+    sets: dict[Any, list[Run]] = {}
+    for r in runs:
+        sets.setdefault(data_identity(r), []).append(r)
+    if len(sets) < 2 or disjoint_parts(runs):
+        return
+    count = {k: sum(len(r.checkpoints) if independent_ranks(r) else 1 for r in rs) for k, rs in sets.items()}
+    shared = [k for k, n in count.items() if n > 1]
+    if shared:
+        (a, *_), (b, *_) = sets[shared[0]], next(rs for k, rs in sets.items() if k != shared[0])
+        raise AnalysisError(f"{where}the members learned from {len(sets)} different data sets, {count[shared[0]]} of "
+                            f"them from one ({a.path}: {_data_name(a)}; {b.path}: {_data_name(b)}): σ counts either "
+                            f"one data set for all members or one per member; analyse each data set's runs apart "
+                            f"(sagips.closure compares data sets)")
+
+
+def _data_name(run: Run) -> str:
+    kind, *rest = data_identity(run)
+    return f"data file {rest[0]}" if kind == "file" else f"data generated with seed {rest[0]}"
 
 
 # ------------------------------------------------------------------------------------------------ predictions
@@ -252,7 +283,10 @@ class RunPredictor:
         try:
             ck = load_checkpoint(path)
         except Exception as e:  # noqa: BLE001  (torn or foreign file, or one weights_only refuses: many types)
-            raise AnalysisError(f"{path}: cannot load checkpoint ({' '.join(str(e).split())[:200]})") from None
+            why = " ".join(str(e).split())
+            why = why if len(why) <= 200 else why[:199] + "…"
+            raise AnalysisError(f"{path}: cannot load checkpoint ({why}): the file is damaged or not a checkpoint; "
+                                f"move it away to analyse the run at its previous checkpoint") from None
         if not isinstance(ck, dict) or "generator" not in ck or "time_s" not in ck:
             raise AnalysisError(f"{path}: not a SAGIPS checkpoint (needs 'generator' and 'time_s')")
         env_name = ck.get("environment", self.run.environment)
@@ -558,7 +592,9 @@ def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, f
     """What `sagips.analyze RUN_DIR...` computes for its p^ +- sigma section, without the figures and the table: the
     runs (a job directory expands to its members) as one group, p^ +- sigma at the last common checkpoint on
     max(final_noise_samples, noise_samples) noise vectors, and the convergence diagnostic."""
-    g = predict_group("job", [load_run(d) for d in expand_run_dirs(run_dirs)], noise_samples, noise_seed)
+    runs = [load_run(d) for d in expand_run_dirs(run_dirs)]
+    check_data_sets(runs)
+    g = predict_group("job", runs, noise_samples, noise_seed)
     final = predict_final(g, max(final_noise_samples, noise_samples), noise_seed)
     u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
     return g, final, u, conv
