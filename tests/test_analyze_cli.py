@@ -276,25 +276,29 @@ def test_bad_input_different_environments(job, tmp_path, capsys):
     assert "different environments" in msg
 
 
-def test_bad_input_members_of_several_data_sets_some_shared(job, tmp_path, capsys):
-    """Two runs of 2 independent ranks each, on two data sets (another seed): sigma's rule knows one data set for
-    all members or one per member, not this (it would count the ranks that share a set as independent)."""
+def test_members_of_several_data_sets_count_one_per_data_set(job, tmp_path, capsys):
+    """Two runs of 2 independent ranks each, on two data sets (another seed): the ranks of one data set share its
+    statistical error, so sigma's members part is the spread of the 2 data sets' means, s/sqrt(2) = |p_A - p_B|/2,
+    against each run analysed alone (before, the 4 ranks were counted as independent: sigma too small)."""
     _, out = job
     other = copy_run(out / "member001", tmp_path / "other")
     info = json.loads((other / "run.json").read_text())
     assert info["mode"] == "ensemble" and info["world_size"] == 2  # (each run: 2 members of one data set)
     edit_json(other / "run.json", config=dict(info["config"], seed=info["config"]["seed"] + 17))
-    msg = _bad(capsys, [str(out / "member000"), str(other), "--out", str(tmp_path / "r")])
-    assert ("group 'ensemble': the members learned from 2 different data sets, 2 of them from one" in msg
-            and f"{other}: data generated with seed {info['config']['seed'] + 17}" in msg
-            and "analyse each data set's runs apart" in msg), msg
-    assert not (tmp_path / "r").exists()
-    # one member per data set (a run of exchanging ranks is one member): independent data sets, accepted
-    for r, seed in ((out / "member000", 1), (other, 2)):
-        one = copy_run(r, tmp_path / f"one{seed}", ranks=[0])
-        edit_json(one / "run.json", world_size=1, config=dict(info["config"], seed=seed))
-    assert main([str(tmp_path / "one1"), str(tmp_path / "one2"), "--out", str(tmp_path / "r1"),
-                 "--noise-samples", "8", "--final-noise-samples", "8"]) == 0
+    noise = ["--noise-samples", "8", "--final-noise-samples", "8"]
+
+    def analysed(*dirs, out_dir):
+        assert main([*map(str, dirs), "--out", str(tmp_path / out_dir), *noise]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        return json.loads((tmp_path / out_dir / "summary.json").read_text())["groups"][0]["uncertainty"]
+
+    a, b = analysed(out / "member000", out_dir="a"), analysed(other, out_dir="b")
+    both = analysed(out / "member000", other, out_dir="ab")
+    pa, pb = np.array(a["p_hat"]), np.array(b["p_hat"])
+    np.testing.assert_allclose(both["p_hat"], (pa + pb) / 2, rtol=1e-9)
+    np.testing.assert_allclose(both["members"], np.abs(pa - pb) / 2, rtol=1e-6)
+    assert both["n_members"] == 2 and any("the 4 members learned from 2 data sets, 2 members each" in n
+                                          for n in both["notes"]), both["notes"]
 
 
 def test_unreadable_or_damaged_files_are_one_line(job, tmp_path, capsys, monkeypatch):

@@ -204,32 +204,30 @@ def group_runs(runs: Sequence[Run], by: str) -> dict[str, list[Run]]:
             if r.truth.shape != ref.truth.shape or not np.allclose(r.truth, ref.truth, rtol=1e-12, atol=0.0):
                 raise AnalysisError(f"group {name!r}: mismatched truths: {ref.path} has {ref.truth.tolist()} but "
                                     f"{r.path} has {r.truth.tolist()}")
-        check_data_sets(members, f"group {name!r}: ")
     return groups
 
 
-def check_data_sets(runs: Sequence[Run], where: str = "") -> None:
-    """sigma's members rule knows one data set shared by every member, one data set per member, or disjoint parts of
-    one (docs/analysis.md, "What sigma contains"); members of several data sets, some shared by several members,
-    are none of these (sigma would count the shared ones as independent, and come out too small): one line."""
-    sets: dict[Any, list[Run]] = {}
-    for r in runs:
-        sets.setdefault(data_identity(r), []).append(r)
-    if len(sets) < 2 or disjoint_parts(runs):
-        return
-    count = {k: sum(len(r.checkpoints) if independent_ranks(r) else 1 for r in rs) for k, rs in sets.items()}
-    shared = [k for k, n in count.items() if n > 1]
-    if shared:
-        (a, *_), (b, *_) = sets[shared[0]], next(rs for k, rs in sets.items() if k != shared[0])
-        raise AnalysisError(f"{where}the members learned from {len(sets)} different data sets, {count[shared[0]]} of "
-                            f"them from one ({a.path}: {_data_name(a)}; {b.path}: {_data_name(b)}): σ counts either "
-                            f"one data set for all members or one per member; analyse each data set's runs apart "
-                            f"(sagips.closure compares data sets)")
-
-
-def _data_name(run: Run) -> str:
-    kind, *rest = data_identity(run)
-    return f"data file {rest[0]}" if kind == "file" else f"data generated with seed {rest[0]}"
+def per_data_set(runs: Sequence[Run], values: np.ndarray, seen: list[float | None]
+                 ) -> tuple[np.ndarray, list[float | None], str | None]:
+    """Members (`_members`) of several data sets, some shared by several members (e.g. 5 seeds x a 4-member job):
+    the members of a data set share its statistical error, so they are not independent estimates; each data set's
+    members are averaged into one, and sigma's members part is the spread of the D data sets' means, s/sqrt(D)
+    (exact for independent data sets). Else unchanged, and no note."""
+    ident = [data_identity(r) for r in runs for _ in range(len(r.checkpoints) if independent_ranks(r) else 1)]
+    if len(ident) != len(values):  # (the members' own order: `_members`)
+        raise AssertionError(f"{len(ident)} data sets for {len(values)} members")
+    sets: dict[Any, list[int]] = {}
+    for i, k in enumerate(ident):
+        sets.setdefault(k, []).append(i)
+    if len(sets) < 2 or len(sets) == len(ident):
+        return values, seen, None
+    means = np.stack([values[idx].mean(axis=0) for idx in sets.values()])
+    sizes = sorted({len(idx) for idx in sets.values()})
+    each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    return means, [None] * len(sets), (
+        f"the {len(values)} members learned from {len(sets)} data sets, {each} members each: a data set's members "
+        f"share its statistical error, so each data set's mean is one member here, and σ's members part is the "
+        f"spread of the {len(sets)} means, s/√{len(sets)}")
 
 
 # ------------------------------------------------------------------------------------------------ predictions
@@ -533,6 +531,9 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     # one data set, in overlapping subsets; disjoint parts of it (every run split) are independent data
     split = disjoint_parts(g.runs)
     shared = len({data_identity(r) for r in g.runs}) == 1 and not split
+    by_set = None
+    if not shared and not split:  # several data sets: one member per data set
+        values, seen, by_set = per_data_set(g.runs, values, seen)
     series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
@@ -553,7 +554,7 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
                               else "--nonclosure", names=names)
     except ValueError as e:  # a non-closure that names a parameter this environment does not have
         raise AnalysisError(str(e)) from None
-    u.notes.extend(notes)
+    u.notes.extend(notes + ([by_set] if by_set else []))
     if (u.cramer_rao is not None and u.spread_from == "members"
             and not (shared and (f is None or f >= 1.0))):  # members whose scatter holds the data's error
         # (the scatter's own estimate of the members' part, s x factor: with the bound in it, it is never below)
@@ -592,9 +593,7 @@ def job_uncertainty(run_dirs: Sequence[str | Path], noise_samples: int = 1024, f
     """What `sagips.analyze RUN_DIR...` computes for its p^ +- sigma section, without the figures and the table: the
     runs (a job directory expands to its members) as one group, p^ +- sigma at the last common checkpoint on
     max(final_noise_samples, noise_samples) noise vectors, and the convergence diagnostic."""
-    runs = [load_run(d) for d in expand_run_dirs(run_dirs)]
-    check_data_sets(runs)
-    g = predict_group("job", runs, noise_samples, noise_seed)
+    g = predict_group("job", [load_run(d) for d in expand_run_dirs(run_dirs)], noise_samples, noise_seed)
     final = predict_final(g, max(final_noise_samples, noise_samples), noise_seed)
     u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
     return g, final, u, conv
