@@ -163,3 +163,18 @@ def test_jobs_of_one_data_set_are_refused_and_unfinished_jobs_named(tmp_path, ca
     out = capsys.readouterr().out
     assert f"- 1 job(s) did not complete (killed, stopped or still running), and their fit above is at their last " \
            f"checkpoint: {b} (python -m sagips.analyze JOB names the epoch)" in out, out
+
+
+def test_a_data_file_is_known_by_its_absolute_path():
+    """run.json's reference_data.file (absolute) names the data set, not the config's path, which is relative to
+    wherever the job was launched."""
+    from sagips.analysis.ensemble import Run, data_identity
+
+    def run(abs_path):
+        info = {"config": {"seed": 1, "environment": {"data_file": "data/k.h5"}},
+                "reference_data": {"file": abs_path}}
+        return Run("r", info, {}, np.ones(2))
+
+    assert data_identity(run("/a/data/k.h5")) != data_identity(run("/b/data/k.h5"))
+    assert data_identity(run("/a/data/k.h5")) == data_identity(run("/a/data/k.h5")) == ("file", "/a/data/k.h5")
+    assert data_identity(run(None)) == ("file", "data/k.h5")  # (a run.json from before it recorded the path)

@@ -394,8 +394,8 @@ def disjoint_parts(runs: Sequence[Run]) -> bool:
 def data_identity(run: Run) -> Any:
     """What makes two runs' reference data the same set: the file, or the seed and truth it was generated from."""
     env = (run.info.get("config") or {}).get("environment") or {}
-    if env.get("data_file"):
-        return ("file", env["data_file"])
+    if env.get("data_file"):  # (its absolute path where run.json has it: a relative one names the launch's cwd)
+        return ("file", (run.info.get("reference_data") or {}).get("file") or env["data_file"])
     return ("generated", (run.info.get("config") or {}).get("seed"), env.get("reference_events"),
             tuple(run.truth.tolist()))
 
