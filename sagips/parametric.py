@@ -386,7 +386,7 @@ class ParametricEnvironment(Environment):
                  "parameter_names": ",".join(env.names)}
         return {"events": out}, attrs
 
-    def _check_support(self, events: np.ndarray) -> None:
+    def _check_support(self, events: np.ndarray, kept: bool = False) -> None:
         """Reference events must lie in `support` where every synthetic event does (a density's grid, a simulator
         that clips to it): an event outside could never be matched, and the fit would be biased. A one-line
         DataError (a measured file; generated data lie inside)."""
@@ -405,7 +405,8 @@ class ParametricEnvironment(Environment):
             from sagips.io.refdata import DataError
 
             lo, hi = (float(v) for v in self.support)
-            raise DataError(f"reference data: {n_out} of {len(events)} events lie outside {self.name}'s support "
+            of = f"the {len(events)} events this rank keeps" if kept else f"{len(events)} events"
+            raise DataError(f"reference data: {n_out} of {of} lie outside {self.name}'s support "
                             f"[{lo:g}, {hi:g}] (e.g. {first:.6g}), where no synthetic event can be: widen the class's "
                             f"`support`, or cut the events to it")
 
@@ -419,7 +420,7 @@ class ParametricEnvironment(Environment):
 
     def attach_subset(self, arrays: dict[str, np.ndarray], attrs: dict[str, Any]) -> None:
         """This rank's events, read by the framework (sagips/io/shard.py): kept as they are."""
-        self._check_support(arrays["events"])
+        self._check_support(arrays["events"], kept=True)
         self._events_all, self.subset_idx = None, None
         self.data = torch.as_tensor(np.ascontiguousarray(arrays["events"], dtype=np.float32), device=self.device)
 

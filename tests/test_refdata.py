@@ -64,3 +64,30 @@ def test_bad_files(tmp_path, case, fragment):
     with pytest.raises(DataError) as exc:
         read_reference(p, SPEC)
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_file_open_for_writing_elsewhere_is_named_so(tmp_path, monkeypatch):
+    """HDF5 locks a file that another process writes: one line that says so (it was "not a readable HDF5 file",
+    cut mid-word)."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.delenv("HDF5_USE_FILE_LOCKING", raising=False)  # (HDF5's default: locks on)
+    p, ready = tmp_path / "d.h5", tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import h5py, numpy as np, pathlib, time\n"
+        f"f = h5py.File({str(p)!r}, 'w'); f['events'] = np.ones((10, 2), np.float32); f.flush()\n"
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")])
+    try:
+        for _ in range(300):
+            if ready.exists():
+                break
+            time.sleep(0.1)
+        with pytest.raises(DataError) as e:
+            read_reference(p, SPEC)
+        assert str(e.value) == (f"data file {p}: another process has it open for writing (HDF5 locks it): wait until "
+                                f"it is written and closed, then start again")
+    finally:
+        holder.kill()
+        holder.wait()

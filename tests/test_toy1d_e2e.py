@@ -112,7 +112,8 @@ def test_measured_events_outside_the_support_are_refused_in_one_line(env, tmp_pa
         r = run_py(args, env=env[0]) if n == 1 else run_mpi(2, args, env=env[0], timeout=120)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
-        assert lines[0] == ("sagips: error: reference data: 51 of 20000 events lie outside toy1d's support [0, 1] "
+        assert lines[0] == ("sagips: error: reference data: 51 of the 20000 events this rank keeps lie outside "
+                            "toy1d's support [0, 1] "
                             "(e.g. 1.25), where no synthetic event can be: widen the class's `support`, or cut the "
                             "events to it"), lines[0]
 

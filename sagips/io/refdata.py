@@ -90,7 +90,12 @@ def open_reference(path: str):
     try:
         return h5py.File(path, "r")
     except OSError as e:
-        raise DataError(f"data file {path}: not a readable HDF5 file ({str(e).splitlines()[0][:120]})") from None
+        why = " ".join(str(e).split())
+        if "unable to lock file" in why or "already open for write" in why:
+            raise DataError(f"data file {path}: another process has it open for writing (HDF5 locks it): wait until "
+                            f"it is written and closed, then start again") from None
+        why = why if len(why) <= 160 else why[:159] + "…"
+        raise DataError(f"data file {path}: not a readable HDF5 file ({why})") from None
 
 
 def checked_dataset(f, path: str, name: str, cols: int):
