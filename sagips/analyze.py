@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from sagips.analysis import stats
-from sagips.io.refdata import NO_TRUTH
+from sagips.io.refdata import NO_TRUTH_ANALYSIS
 from sagips.analysis.ensemble import (
     GROUP_KEYS,
     AnalysisError,
@@ -279,7 +279,7 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
               "10⁻³. This σ is the paper's: the spread of single members (runs) about their mean, not the error of "
               "p̂ quoted above (that is about σ/√M, with its other parts)."), ""]
     if not truth_known(summary["groups"]):  # (residuals against a placeholder: no table, no figure of them)
-        lines += [f"Not shown here: {NO_TRUTH}."]
+        lines += [f"Not shown here: {NO_TRUTH_ANALYSIS}."]
     else:
         lines += table_iv(summary)
     lines += ["", "## Groups", "",
@@ -372,7 +372,7 @@ def quotable(summary: dict[str, Any]) -> list[str]:
                          f"{_f(u['pull'][i], '+.2f')} | {state}{z} |")
         lines += ["", f"- {t_note(u)}"] + [f"- {n}" for n in u["notes"]]
         if not known:
-            lines.append(f"- {NO_TRUTH}")
+            lines.append(f"- {NO_TRUTH_ANALYSIS}")
         if u.get("cramer_rao") is not None:
             cr = u["cramer_rao"]
             lines.append("- the Cramér-Rao bound of the data (the smallest σ of an unbiased fit to all its events, from "

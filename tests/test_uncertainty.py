@@ -154,7 +154,7 @@ def test_a_range_that_rounds_to_one_value_is_shown_once():
 def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     """Members trained on a user's data file that names no truth (run.json truth_known false, sagips.run): the
     truth column says unknown, the pulls are n/a, and the report says why (residuals against a placeholder)."""
-    from sagips.io.refdata import NO_TRUTH
+    from sagips.io.refdata import NO_TRUTH, NO_TRUTH_ANALYSIS
 
     offsets = np.random.default_rng(3).normal(0, 0.01, size=(2, 6)) * np.abs(truth)
     for m in range(2):
@@ -167,8 +167,8 @@ def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     md = (tmp_path / "rep" / "summary.md").read_text()
     rows = [ln.split(" | ") for ln in md.splitlines() if ln.startswith("| r_")][:6]
     assert [r[1] for r in rows] == ["unknown"] * 6 and [r[8] for r in rows] == ["n/a"] * 6
-    assert md.count(NO_TRUTH) == 2  # under the p^ +- sigma table and in place of the residuals' (Table IV)
-    assert "| Residual [10⁻³] |" not in md and f"Not shown here: {NO_TRUTH}." in md
+    assert md.count(NO_TRUTH_ANALYSIS) == 2 and NO_TRUTH not in md  # under the p^ +- sigma table and in place of the residuals' (Table IV)
+    assert "| Residual [10⁻³] |" not in md and f"Not shown here: {NO_TRUTH_ANALYSIS}." in md
     g = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]
     assert g["truth_known"] is False and g["uncertainty"]["pull"] == [None] * 6
     # no residual against the placeholder: not in the CSV, nor in a figure; p̂ ± σ's figure draws no truth

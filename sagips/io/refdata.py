@@ -32,6 +32,9 @@ def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attr
 #: the note of a run, or an analysis, on data that name no truth
 NO_TRUTH = ("the data file names no truth (no attribute true_params: measured data), so 'true', the residuals and "
             "the pulls are against the environment's true_params, a placeholder; quote p̂ ± σ from sagips.analyze")
+#: the same, in sagips.analyze's own report (which shows no residual or pull against the placeholder)
+NO_TRUTH_ANALYSIS = ("the data file names no truth (no attribute true_params: measured data), so there is nothing to "
+                     "compute residuals or pulls against: p̂ ± σ is the result to quote")
 
 
 def truth_known(data_file: str | os.PathLike | None) -> bool:
