@@ -465,7 +465,7 @@ def stats_of(recs: list[dict]) -> list[dict]:
             row["ratio"] = float(np.nanmedian(s / ms))
             row["ml_pull_width"] = float(np.std((mp - t) / ms, ddof=1)) if len(recs) > 1 else None
             # the reference's own coverage on the same data sets: what an exact sigma gives on this draw of them
-            row["ml_cover1"] = float(np.mean(np.abs((mp - t) / ms) <= 1))
+            row["ml_cover1"] = float(np.mean(np.abs((mp - t) / ms)[fin] <= 1))  # (the data sets of cover1)
             row["typical"] = at_typical_data(t, p, s, mp, ms, np.array(dof))
             row["nonclosure_sq"] = nonclosure_sq(recs, i)
             row["nonclosure_sq_truth"] = nonclosure_sq(recs, i, against="truth")
@@ -743,11 +743,15 @@ def calibration_verdict(row: dict) -> str:
     if not width_ok and row["pull_width_t"] is not None and ml is not None and not (
             PULL_WIDTH[0] <= ml <= PULL_WIDTH[1]) and (ml < PULL_WIDTH[0]) == (row["pull_width_t"] < PULL_WIDTH[0]):
         notes.append(f"width; the ML fit's pulls on these data sets: {ml:.2f}")
+    elif not width_ok:
+        notes.append("width")  # (a miss the ML fit does not share: named beside one it does)
     mc = row.get("ml_cover1")
     if not cover_ok and mc is not None and not (COVER_1[0] <= mc <= COVER_1[1]) and (
             (mc < COVER_1[0]) == (row["cover1"] < COVER_1[0])):
         notes.append(f"±1σ; the ML fit's own ±1σ_ML covers {100 * mc:.0f} % of these data sets")
-    if not notes:
+    elif not cover_ok:
+        notes.append("±1σ")
+    if all(n in ("width", "±1σ") for n in notes):  # nothing that the data sets' draw explains
         return "missed"
     typ = row.get("typical")
     if typ:
@@ -859,8 +863,8 @@ def summary(recs: list[dict]) -> list[str]:
              "covers on this draw of them (a verdict that misses as it does, on the same side, says so). Beside "
              "the pull width, its 95 % interval (χ² with K − 1 degrees of freedom), and the width "
              "of the ML fit's own pulls (p_ML − p_true)/σ_ML on the same data sets: where the data sets happen to "
-             "scatter little (or much), an honest σ's pulls do too. Where a width misses as the ML fit's does, the "
-             "verdict adds a model of what data sets of the usual scatter would give: the GAN's error regressed on the ML "
+             "scatter little (or much), an honest σ's pulls do too. Where a width or a coverage misses as the ML "
+             "fit's does, the verdict adds a model of what data sets of the usual scatter would give: the GAN's error regressed on the ML "
              "fit's over the data sets, the ML errors standardised (`at_typical_data`; the sections below show it "
              "for every parameter). It is an estimate, not a measurement: more data sets are the measurement.", ""]
     for wf, intro, head, cells in (

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -55,7 +56,11 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
     names, unsettled, unfinished, dirs = None, [], [], [str(d) for d in job_dirs]
     fitted: dict[Any, str] = {}  # data set -> the job that fitted it (run.json only: before any checkpoint is read)
+    given: dict[str, str] = {}
     for d in job_dirs:
+        if given.setdefault(os.path.realpath(d), str(d)) != str(d) or list(map(str, job_dirs)).count(str(d)) > 1:
+            raise AnalysisError(f"{d}: given twice (as {given[os.path.realpath(d)]}): a closure test needs one job "
+                                f"per data set")
         for r in (load_run(p) for p in expand_run_dirs([d])):
             first = fitted.setdefault(data_identity(r), str(d))
             if first != str(d):
@@ -79,7 +84,7 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
         names = these
         if any(c["moving"] is not False for c in conv):  # still moving, or not judged: the training is unfinished
             unsettled.append(str(d))
-        if any(r.info.get("status") not in (None, "complete") for r in g.runs):  # killed, stopped, or running
+        if any(r.info.get("status") not in (None, "complete") for r in g.runs):  # killed, stopped, failed, running
             unfinished.append(str(d))
         for key, v in (("p_hat", u.p_hat), ("sigma", u.sigma), ("dof", u.dof), ("bound", u.cramer_rao),
                        ("truth", g.truth)):
@@ -160,7 +165,8 @@ def report(c: dict[str, Any]) -> list[str]:
                      "too few records, lower train.checkpoint_every)")
     late = [d for d in c.get("unfinished", []) if d not in c["left_out"]]
     if late:
-        lines.append(f"- {len(late)} job(s) did not complete (killed, stopped or still running), and their fit above "
+        lines.append(f"- {len(late)} job(s) did not complete (killed, stopped, failed or still running), and their "
+                     f"fit above "
                      f"is at their last checkpoint: {', '.join(late[:3])}{', ...' if len(late) > 3 else ''} "
                      "(python -m sagips.analyze JOB names the epoch)")
     if c["far"]:

@@ -331,8 +331,9 @@ class ParametricEnvironment(Environment):
         if not torch.is_tensor(ev):
             return f"a {type(ev).__name__} (return a torch tensor)"
         got = tuple(ev.shape)
-        if ev.numel() == math.prod(want) and self.event_width == 1:
-            return f"{got}: the right number of values, return them as .reshape(u.shape[0], u.shape[1], 1)"
+        if ev.numel() == math.prod(want) and (self.event_width == 1 or (ev.ndim == 2 and got[1] == want[2])):
+            return (f"{got}: the right number of values, return them as .reshape(u.shape[0], u.shape[1], "
+                    f"{self.event_width})")
         if ev.numel() == math.prod(want):  # (a reshape would mix the columns of different events)
             return (f"{got}: the right number of values in another layout: put each event's {self.event_width} "
                     f"columns on the last axis, e.g. torch.stack(columns, dim=-1) of (B, E) tensors or "

@@ -307,7 +307,7 @@ def test_unreadable_or_damaged_files_are_one_line(job, tmp_path, capsys, monkeyp
     path = list_checkpoints(bad)[1][max(list_checkpoints(bad)[1])]
     os.truncate(path, 100)  # a damaged newest checkpoint: named, and what to do
     msg = _bad(capsys, [str(bad), "--out", str(tmp_path / "r"), "--noise-samples", "8"])
-    assert f"{path}: cannot load checkpoint (" in msg and "move it away to analyse the run at its previous" in msg
+    assert f"{path}: cannot load checkpoint (" in msg and "move it away to analyse the run without it" in msg
     import pathlib
 
     import sagips.analysis.ensemble as ens

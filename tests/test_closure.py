@@ -54,7 +54,8 @@ def test_the_non_closure_of_jobs_at_known_offsets(tmp_path, capsys):
     assert all(abs(p["cover1"] - 1 / 3) < 1e-9 for p in c["parameters"])
     assert "σ falls short of the error: set `analysis.nonclosure: " in out and "3 data sets: s² is uncertain" in out
     # jobs on the truth: sigma covers the error, no non-closure
-    assert main([dirs[2], dirs[2], "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
+    again = str(job(tmp_path / "k2b", truth, np.zeros(6)))  # (another data set, on the truth too)
+    assert main([dirs[2], again, "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
     assert "σ covers the error (s² is nowhere above its own error)" in capsys.readouterr().out
     # one data set: no error for s^2, so no advice, however far
     assert main([dirs[0], "--noise-samples", "4", "--final-noise-samples", "4", "--json",
@@ -161,7 +162,11 @@ def test_jobs_of_one_data_set_are_refused_and_unfinished_jobs_named(tmp_path, ca
         rj.write_text(json.dumps(dict(info, status="running")))
     assert main([str(a), str(b), "--noise-samples", "4", "--final-noise-samples", "4"]) == 0
     out = capsys.readouterr().out
-    assert f"- 1 job(s) did not complete (killed, stopped or still running), and their fit above is at their last " \
+    assert main([str(a), str(a), "--noise-samples", "4", "--final-noise-samples", "4"]) == 2  # one job twice
+    assert errors(capsys.readouterr().err) == [f"sagips.closure: error: {a}: given twice (as {a}): a closure test "
+                                               "needs one job per data set"]
+    assert f"- 1 job(s) did not complete (killed, stopped, failed or still running), and their fit above is at " \
+           f"their last " \
            f"checkpoint: {b} (python -m sagips.analyze JOB names the epoch)" in out, out
 
 
@@ -178,3 +183,28 @@ def test_a_data_file_is_known_by_its_absolute_path():
     assert data_identity(run("/a/data/k.h5")) != data_identity(run("/b/data/k.h5"))
     assert data_identity(run("/a/data/k.h5")) == data_identity(run("/a/data/k.h5")) == ("file", "/a/data/k.h5")
     assert data_identity(run(None)) == ("file", "data/k.h5")  # (a run.json from before it recorded the path)
+
+
+def test_members_are_averaged_per_data_set_unless_each_set_is_split():
+    """analyze's members of several data sets (ensemble.per_data_set): a data set's members share its error, so
+    they are averaged into one; members on disjoint parts of their data set (ensemble.data=split) are independent
+    estimates, and stay apart."""
+    from sagips.analysis.ensemble import Run, per_data_set
+
+    def run(seed, index=None):
+        cfg = {"seed": seed, "environment": {"reference_events": 100}}
+        info = {"mode": "ensemble", "config": cfg}
+        if index is not None:
+            cfg["ensemble"] = {"data": "split"}
+            info["reference_data"] = {"split": [index, 4]}
+        return Run("r", info, {0: {}, 1: {}}, np.ones(2))  # (2 ranks: 2 members each)
+
+    values = np.arange(16.0).reshape(8, 2)
+    runs = [run(1), run(1), run(2), run(2)]
+    got, seen, note = per_data_set(runs, values, [0.5] * 8)
+    np.testing.assert_allclose(got, [values[:4].mean(0), values[4:].mean(0)])
+    assert "the 8 members learned from 2 data sets, 4 members each" in note
+    split = [run(1, 0), run(1, 2), run(2, 0), run(2, 2)]  # (each run holds parts index, index + 1 of 4)
+    got, _, note = per_data_set(split, values, [0.5] * 8)
+    assert note is None and got is values
+    assert per_data_set(runs[:2], values[:4], [0.5] * 4)[2] is None  # one data set: unchanged

@@ -359,6 +359,9 @@ def test_a_coverage_that_misses_as_the_ml_fits_own_does_says_so():
     assert coverage.calibration_verdict(both) == ("missed (width; the ML fit's pulls on these data sets: 0.75; ±1σ; "
                                                   "the ML fit's own ±1σ_ML covers 80 % of these data sets)")
     assert coverage.calibration_verdict(dict(row, cover1=0.7, ml_cover1=0.9)) == "met"
+    # a miss the ML fit does not share is named beside one it does
+    assert coverage.calibration_verdict(dict(row, pull_width_t=0.7, ml_pull_width=1.0, ml_cover1=0.82)) == \
+        "missed (width; ±1σ; the ML fit's own ±1σ_ML covers 82 % of these data sets)"
 
 
 def test_a_preset_changed_under_a_study_is_never_resumed_nor_summarised(tmp_path, monkeypatch):
@@ -418,8 +421,8 @@ def test_at_typical_data_undoes_a_narrow_draw_of_data_sets():
     assert coverage.at_typical_data(t, p, 1.5 * s, mp, ms, dof)["width_t"] == pytest.approx(0.67, abs=0.05)
     assert coverage.at_typical_data(t[:4], p[:4], s[:4], mp[:4], ms[:4], dof[:4]) is None  # too few data sets
     row = {"pull_width_t": 0.7, "n": 20, "cover1": 0.9, "ml_pull_width": 0.6, "typical": typ}
-    assert coverage.calibration_verdict(row) == ("missed (width; the ML fit's pulls on these data sets: 0.60; on "
-                                                 f"typical data sets, a model: width {typ['width_t']:.2f}, ±1σ "
+    assert coverage.calibration_verdict(row) == ("missed (width; the ML fit's pulls on these data sets: 0.60; ±1σ; "
+                                                 f"on typical data sets, a model: width {typ['width_t']:.2f}, ±1σ "
                                                  f"{100 * typ['cover1']:.0f} %)")
 
 

@@ -178,6 +178,14 @@ def test_columns_on_the_wrong_axis_are_told_the_last_axis_not_a_reshape():
         env._events(p, u)
     assert "\n" not in str(e.value) and "reshape" not in str(e.value)
 
+    class Flat2(TwoColumns):  # (B*E, 2): each event's columns already on the last axis, a reshape is right
+        def simulate(self, p, u):
+            return torch.cat(self.columns(p, u), dim=-1).reshape(-1, 2)
+
+    with pytest.raises(EnvironmentCheckError, match=r"got \(6, 2\): the right number of values, return them as "
+                                                   r"\.reshape\(u\.shape\[0\], u\.shape\[1\], 2\)$"):
+        build(Flat2)[0]._events(p, u)
+
     env, _ = build(TwoColumns)
     ev = env._events(p, u)  # the fix the hint names: each event's own energy and time
     e, t = TwoColumns.columns(None, p, u)

@@ -110,16 +110,17 @@ def expand_run_dirs(paths: Sequence[str | Path]) -> list[Path]:
     """RUN_DIR arguments -> run directories: a directory with member{m:03d}/ subdirectories expands to them."""
     out: list[Path] = []
     for p in map(Path, paths):
-        if not p.is_dir():
-            raise AnalysisError(f"{p}: no such directory")
         try:
+            if not p.is_dir():
+                raise AnalysisError(f"{p}: no such directory")
             members = sorted(d for d in p.iterdir() if d.is_dir() and _MEMBER.match(d.name))
+            is_run = (p / "run.json").is_file()
         except OSError as e:
             raise AnalysisError(f"{p}: cannot read it ({e.strerror})") from None
-        if (p / "run.json").is_file() and members:
+        if is_run and members:
             raise AnalysisError(f"{p}: holds both a run (run.json) and ensemble members ({members[0].name}, ...); "
                                 f"name the run directories you mean explicitly")
-        if (p / "run.json").is_file():
+        if is_run:
             out.append(p)
         elif members:
             out.extend(members)
@@ -219,8 +220,11 @@ def per_data_set(runs: Sequence[Run], values: np.ndarray, seen: list[float | Non
     sets: dict[Any, list[int]] = {}
     for i, k in enumerate(ident):
         sets.setdefault(k, []).append(i)
-    if len(sets) < 2 or len(sets) == len(ident):
-        return values, seen, None
+    by_run: dict[Any, list[Run]] = {}
+    for r in runs:
+        by_run.setdefault(data_identity(r), []).append(r)
+    if len(sets) < 2 or len(sets) == len(ident) or all(disjoint_parts(rs) for rs in by_run.values()):
+        return values, seen, None  # (disjoint parts of each data set: every member is an independent estimate)
     means = np.stack([values[idx].mean(axis=0) for idx in sets.values()])
     sizes = sorted({len(idx) for idx in sets.values()})
     each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
@@ -284,7 +288,7 @@ class RunPredictor:
             why = " ".join(str(e).split())
             why = why if len(why) <= 200 else why[:199] + "…"
             raise AnalysisError(f"{path}: cannot load checkpoint ({why}): the file is damaged or not a checkpoint; "
-                                f"move it away to analyse the run at its previous checkpoint") from None
+                                f"move it away to analyse the run without it (at an earlier checkpoint)") from None
         if not isinstance(ck, dict) or "generator" not in ck or "time_s" not in ck:
             raise AnalysisError(f"{path}: not a SAGIPS checkpoint (needs 'generator' and 'time_s')")
         env_name = ck.get("environment", self.run.environment)

@@ -94,9 +94,15 @@ def open_reference(path: str):
         return h5py.File(path, "r")
     except OSError as e:
         why = " ".join(str(e).split())
-        if "unable to lock file" in why or "already open for write" in why:
+        if "already open for write" in why:
+            raise DataError(f"data file {path}: it is marked open for writing: wait until its writer closes it, or, "
+                            f"if none runs (one crashed), clear the mark with h5clear -s {path}") from None
+        if "unable to lock file" in why and "errno = 11" in why:
             raise DataError(f"data file {path}: another process has it open for writing (HDF5 locks it): wait until "
                             f"it is written and closed, then start again") from None
+        if "unable to lock file" in why:
+            raise DataError(f"data file {path}: the file system refuses HDF5's file lock ({why[:120]}): set "
+                            f"HDF5_USE_FILE_LOCKING=FALSE in the job's environment") from None
         why = why if len(why) <= 160 else why[:159] + "…"
         raise DataError(f"data file {path}: not a readable HDF5 file ({why})") from None
 
