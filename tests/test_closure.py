@@ -7,6 +7,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from sagips.analysis import stats
 from sagips.closure import main
@@ -208,3 +209,21 @@ def test_members_are_averaged_per_data_set_unless_each_set_is_split():
     got, _, note = per_data_set(split, values, [0.5] * 8)
     assert note is None and got is values
     assert per_data_set(runs[:2], values[:4], [0.5] * 4)[2] is None  # one data set: unchanged
+
+
+def test_the_drift_of_data_sets_of_unequal_members_is_that_of_their_means(tmp_path):
+    """p^ is the mean of the data sets' means (one of 2 members, one of 1): the drift over the last 20 % is that of
+    the same mean, half the moving member's, not a third (the members' own mean)."""
+    from sagips.analysis.ensemble import expand_run_dirs, group_uncertainty, load_run, predict_group
+
+    env, cfg = proxy1d()
+    truth = np.asarray(cfg.true_params)
+    slope = np.zeros(6)
+    slope[0] = 1e-4 * abs(truth[0])  # (0.02 |p_0| over epochs 800-1000)
+    write_run(tmp_path / "a", "ensemble", series(truth, np.zeros((2, 6))), seed=1, events=EVENTS)
+    write_run(tmp_path / "b", "ensemble", series(truth - 1000 * slope, np.zeros((1, 6)), slope=slope), seed=2,
+              events=EVENTS)
+    g = predict_group("g", [load_run(d) for d in expand_run_dirs([tmp_path / "a", tmp_path / "b"])], 4, 0)
+    u, _ = group_uncertainty(g)
+    assert u.n_members == 2
+    assert float(np.abs(u.drift[0])) == pytest.approx(slope[0] * 200 / 2, rel=2e-3)

@@ -538,7 +538,12 @@ def group_uncertainty(g: GroupSeries, fraction: float = stats.DRIFT_FRACTION, fi
     by_set = None
     if not shared and not split:  # several data sets: one member per data set
         values, seen, by_set = per_data_set(g.runs, values, seen)
-    series = np.stack([members_at(g, t)[0].mean(axis=0) for t in range(len(g.epochs))])
+
+    def p_hat_at(t: int) -> np.ndarray:  # p^ at time step t, as at the end (data sets of unequal members alike)
+        v, sn = members_at(g, t)
+        return (per_data_set(g.runs, v, sn)[0] if by_set else v).mean(axis=0)
+
+    series = np.stack([p_hat_at(t) for t in range(len(g.epochs))])
     moved, _, _ = stats.drift(g.epochs, series, fraction)
     ranks, n_ranks = _rank_spread(g.truth, rows)
     names = g.names if g.names and len(g.names) == len(g.truth) else [f"r_{i}" for i in range(len(g.truth))]
