@@ -190,7 +190,7 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
             key, value = s.split("=", 1)
             section, name = key.split(".", 1)
             if preset is not None:  # proxy1d: the setting of its preset, configs/proxy1d-quick.yaml
-                assert getattr(getattr(preset, section), name) == float(value), s
+                assert coverage.restates(s, f"{key}={getattr(getattr(preset, section), name)}"), s
             elif section == "train":  # a ParametricEnvironment's training default (a density's own lr_g)
                 own = {"lr_g": ParametricEnvironment.DENSITY_LR_G} if case == "toy1d" else {}
                 assert own.get(name, ParametricEnvironment.config_defaults["train"][name]) == float(value), s
@@ -224,12 +224,16 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     small = copy.deepcopy(default[:3])  # a smaller profile at the defaults (by default, not restated): the larger
     for r in small:  # one is shown (they differ in more than their data seeds: never pooled)
         r["profile"].update(id="000000000000", set=[], g_start=coverage.STARTED_APART)
-    # proxy1d at train.lr_g=3e-4, its preset's since the twenty-fourth session (the records at 1e-3 are superseded)
-    proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
+    # proxy1d's preset since the forty-second session: the lead, which its profiles ran by --set on the earlier
+    # preset (lr_g 3e-4 on raw events for 4,000 epochs, whose records are no longer today's)
+    proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-fbc9e2c4f529-[0-9][0-9][0-9].json"))]
     assert len(proxy) >= 20 and coverage.at_defaults("proxy1d", proxy[0]["profile"])
-    assert not coverage.at_defaults("proxy1d", dict(proxy[0]["profile"], set=["train.lr_g=1e-3"]))
+    assert all(coverage.trained_as_today(r) for r in proxy)
+    assert not coverage.at_defaults("proxy1d", dict(proxy[0]["profile"], set=["train.lr_g=3e-4"]))
+    before = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
+    assert before and not coverage.at_defaults("proxy1d", before[0]["profile"])
     lines = coverage.summary(middle + small + toy_plain + toy_middle + toy_long + default + toy_now + run_now + run_mode
-                             + proxy)
+                             + proxy + before)
     res = [ln for ln in lines if ln.startswith("| smear1d | resolution | 3ae62d8d97a4 | 20 | 4 |")]
     assert len(res) == 1 and "| 80 % (56–94) |" in res[0]  # 16 of 20 covered: scipy's exact 95 % interval
     # the width's 95 % interval at K = 20: w sqrt(19 / chi2) with the tables' chi2_19 quantiles 32.852 and 8.907
@@ -239,7 +243,8 @@ def test_the_summary_shows_the_profiles_that_ran_todays_defaults():
     assert any(ln.startswith(f"| smear1d | tau | 2caa46ae9ac0 | {len(run_now)} | 4 |") for ln in lines)
     others = ("6acd8c3da6b4", "c4eaca352bd9", "b0bed3456504", "000000000000")
     assert not any(pid in ln for ln in lines for pid in others)
-    assert any(ln.startswith(f"| proxy1d | r_5 | 054f4872d7b7 | {len(proxy)} | 4 |") for ln in lines)
+    assert any(ln.startswith(f"| proxy1d | r_5 | fbc9e2c4f529 | {len(proxy)} | 4 |") for ln in lines)
+    assert not any("054f4872d7b7" in ln for ln in lines)
     assert any(ln.startswith(f"| smear1d | resolution | d3c1f3ff1210 | {len(run_mode)} | 4 |") for ln in lines)
     # toy1d's and proxy1d's one run; toy1d's and proxy1d's one run in the default mode
     assert sum("not measured" in ln for ln in lines) == 4
@@ -395,11 +400,11 @@ def test_a_preset_changed_under_a_study_is_never_resumed_nor_summarised(tmp_path
     assert coverage.stale_preset([dict(rec, preset=today)], today) is None
     assert coverage.stale_preset([{k: v for k, v in rec.items() if k != "preset"}], today) is None  # older records
     folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
-    proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-054f4872d7b7-[0-9][0-9][0-9].json"))]
-    assert any(ln.startswith("| proxy1d | r_0 | 054f4872d7b7 |") for ln in coverage.summary(proxy))
+    proxy = [json.loads(p.read_text()) for p in sorted(folder.glob("proxy1d-fbc9e2c4f529-[0-9][0-9][0-9].json"))]
+    assert any(ln.startswith("| proxy1d | r_0 | fbc9e2c4f529 |") for ln in coverage.summary(proxy))
     proxy[-1]["preset"] = "0123456789ab"  # one record of other settings: the profile is not today's preset
     lines = coverage.summary(proxy)
-    assert not any("054f4872d7b7" in ln for ln in lines) and any(ln.startswith("| proxy1d |") and "not measured" in ln
+    assert not any("fbc9e2c4f529" in ln for ln in lines) and any(ln.startswith("| proxy1d |") and "not measured" in ln
                                                                  for ln in lines)
 
 
@@ -558,11 +563,74 @@ def test_the_nonclosure_a_calibration_measures_and_the_one_it_applies():
     folder = Path(coverage.__file__).resolve().parents[1] / "docs" / "benchmarks" / "coverage"
     preset = json.loads((folder / "proxy1d-054f4872d7b7-000.json").read_text())  # (from before the option)
     variant = json.loads((folder / "proxy1d-bc9f9d4b5757-000.json").read_text())
-    assert "nonclosure" not in preset["gan"] and coverage.at_defaults("proxy1d", preset["profile"])
+    # (the preset's records until the forty-second session: of the earlier preset, at its settings)
+    assert "nonclosure" not in preset["gan"] and not coverage.at_defaults("proxy1d", preset["profile"])
+    assert coverage.at_earlier_defaults(preset, coverage.earlier_preset(preset))
     assert coverage.nonclosure_of(preset) == 0.7 and coverage.nonclosure_of(variant) == 0.0
+    today = dict(preset, preset=coverage.preset_digest("configs/proxy1d-quick.yaml"),
+                 profile=dict(preset["profile"], set=[]))  # today's preset, as it is: its non-closure today
+    assert coverage.nonclosure_of(today) == 0.4
     # never to a superseded profile, nor to records of a preset whose training settings have changed since
     assert coverage.nonclosure_of(dict(preset, superseded=True)) == 0.0
     assert coverage.nonclosure_of(dict(preset, preset="0123456789ab")) == 0.0
     assert coverage.nonclosure_of(dict(preset, profile=dict(preset["profile"], workflow="run"))) == 0.7
     preset["gan"]["nonclosure"] = 0.25
     assert coverage.nonclosure_of(preset) == 0.25
+
+
+def test_records_of_an_earlier_preset_that_restate_todays_by_set_are_todays():
+    """EARLIER_PRESETS: each earlier digest, which its records carry, is rebuilt from today's preset file and the
+    settings in which it differed; a record of it whose --set gives each such key today's value trained today's
+    preset (the summary pools it), one that leaves a key out did not; and each is read with the non-closure that
+    analyze read it with (the earlier preset's where it ran that preset's settings, none where it ran others)."""
+    import hashlib
+
+    for cfg, earlier in coverage.EARLIER_PRESETS.items():
+        for digest, diff in earlier.items():
+            raw = {k: v for k, v in coverage.preset_settings(cfg).items() if k != "analysis"}
+            for key, value in diff.items():
+                if key.startswith("analysis."):
+                    continue
+                section, name = key.split(".", 1)
+                raw[section].pop(name) if value is None else raw[section].__setitem__(name, value)
+            assert hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()[:12] == digest
+            assert digest != coverage.preset_digest(cfg)
+    folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
+
+    def recs(pid):
+        return [json.loads(p.read_text()) for p in sorted(folder.glob(f"proxy1d-{pid}-[0-9][0-9][0-9].json"))]
+
+    lead, before, partial = recs("fbc9e2c4f529"), recs("054f4872d7b7"), recs("bc9f9d4b5757")  # partial: 4,000 epochs
+    assert lead[0]["preset"] == "2e6825a91887" and "train.epochs=6000" in lead[0]["profile"]["set"]
+    assert all(coverage.trained_as_today(r) for r in lead)
+    assert not any(coverage.trained_as_today(r) for r in partial if r["preset"])
+    assert not coverage.trained_as_today(dict(lead[0], preset="0123456789ab"))  # an unknown preset
+    # analyze's non-closure: the run's own where it carried one; else the earlier preset's where the record ran its
+    # settings (the preset then, 0.7), and none for a variant of it
+    assert coverage.nonclosure_of(lead[0]) == 0.0  # (its runs carried analysis.nonclosure=0)
+    assert [coverage.nonclosure_of(r) for r in (before[0], before[-1])] == [0.7, 0.7]  # (no digest; the digest)
+    assert coverage.nonclosure_of(partial[0]) == 0.0
+    assert coverage.today_nonclosure("configs/proxy1d-quick.yaml") == 0.4
+
+
+def test_the_summary_reads_records_under_todays_non_closure():
+    """Profiles that differ only in analysis settings are one training: pooled, and every pull recomputed with the
+    preset's analysis.nonclosure of today (0.4 bounds added in quadrature), not each record's own (0 and
+    0.7 along d): by hand from the records' parts."""
+    folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
+    rs = [json.loads(p.read_text()) for pid in ("fbc9e2c4f529", "5a0ae2905849")
+          for p in sorted(folder.glob(f"proxy1d-{pid}-[0-9][0-9][0-9].json"))]
+    assert {json.dumps(r["gan"]["nonclosure"], sort_keys=True) for r in rs} == {
+        "0.0", '{"r_3": 0.7, "r_4": 0.7, "r_5": 0.7}'}
+    assert coverage.settings_of(rs[0]["profile"]) == coverage.settings_of(rs[-1]["profile"])
+    line = next(ln for ln in coverage.summary(rs) if ln.startswith("| proxy1d | r_3 |"))
+    assert f"| {len(rs)} | 4 |" in line
+    i = rs[0]["names"].index("r_3")
+    s0 = np.array([coverage.sigma_now(r, i, 0.0) for r in rs])
+    bound = np.array([r["gan"]["cramer_rao"][i] for r in rs])
+    s = np.sqrt(s0 ** 2 + (0.4 * bound) ** 2)  # (no drift enters where s0 already holds it: both from the parts)
+    pull = np.array([r["gan"]["p_hat"][i] - r["truth"][i] for r in rs]) / s
+    assert np.array([coverage.sigma_now(r, i, 0.4) for r in rs]) == pytest.approx(s, rel=1e-9)
+    assert f"| {np.std(pull, ddof=1):.2f} |" in line and f" {100 * np.mean(np.abs(pull) <= 1):.0f} % (" in line
+    own = coverage.stats_of(rs)[i]
+    assert own["pull_width"] != pytest.approx(float(np.std(pull, ddof=1)), abs=1e-3)  # (each record's own differs)
