@@ -6,7 +6,8 @@
     python benchmarks/paper_table4.py --profile converge --page-only            # the page from the records
     python benchmarks/paper_table4.py --profile converge-smoke --docs D --runs R  # the plumbing (tests, seconds)
 
-Every column runs `make run`'s preset (configs/proxy1d-quick.yaml) for its full 4,000 epochs on 4 ranks (2 groups of
+Every column runs `make run`'s preset (configs/proxy1d-quick.yaml) for 4,000 epochs (its full length until the
+forty-second session; the study ran the preset of then, lr_g 3e-4 on raw events, from its frozen code) on 4 ranks (2 groups of
 2 where the mode has groups, h = 1 as in the preset), M = 5 seeds (1000-1004, the same seeds in every column), with
 train.amp=none: float32, what `auto` resolves to on an AVX2 CPU, pinned so that no start-up probe changes the
 precision from run to run. Runs go round by round (round k runs every column once, hvd and rma-arar-arar first), so
