@@ -305,14 +305,15 @@ def nonclosure_of(r: dict) -> float | dict[str, float]:
     """The non-closure (a number of Cramér-Rao bounds, analysis.nonclosure) that analyze applies to a record's sigma
     now: the one its runs carried, or, for a record from before the option that ran a case's current preset (its
     digest, where recorded, the preset's today; not a superseded profile) at today's defaults, the preset's current
-    analysis.nonclosure (so that records read as analyze reads new runs); else 0. A number for every parameter, or a
+    analysis.nonclosure (so that records read as analyze reads new runs), and for one made under an earlier preset
+    (EARLIER_PRESETS) at that preset's settings, its analysis.nonclosure; else 0. A number for every parameter, or a
     mapping of names to numbers."""
     if r["gan"].get("nonclosure") is not None:
         return nonclosure_normal(r["gan"]["nonclosure"])
     prof = r["profile"]
     cfg = prof.get("config")
     earlier = None if r.get("superseded") else earlier_preset(r)
-    if cfg and earlier is not None and at_earlier_defaults(r, earlier):  # (what analyze read it with then)
+    if cfg and earlier is not None and at_earlier_defaults(r, earlier):  # (what analyze applies to a run of it)
         return nonclosure_normal(earlier.get("analysis.nonclosure"))
     if not cfg or r.get("superseded") or not at_defaults(r["case"], prof) or (
             r.get("preset") and r["preset"] != preset_digest(cfg)):
@@ -320,14 +321,22 @@ def nonclosure_of(r: dict) -> float | dict[str, float]:
     return today_nonclosure(cfg)
 
 
-def today_nonclosure(config: str | None) -> float | dict[str, float]:
-    """The analysis.nonclosure of a preset today (0 where it has none, or there is no preset)."""
-    return nonclosure_normal(((preset_settings(config) or {}).get("analysis") or {}).get("nonclosure"))
+def today_nonclosure(config: str | None) -> float | dict[str, float] | None:
+    """The analysis.nonclosure of a preset today (0 where it has none, or there is no preset: the library's default);
+    None where the preset cannot be read here (then each record's own applies)."""
+    if config is None:
+        return 0.0
+    settings = preset_settings(config)
+    if settings is None:
+        return None
+    return nonclosure_normal((settings.get("analysis") or {}).get("nonclosure"))
 
 
 def stale_preset(rs: list[dict], digest: str | None) -> dict | None:
-    """The first record of `rs` made with other preset settings than `digest` (both known), or None."""
-    return next((r for r in rs if digest and r.get("preset") and r["preset"] != digest), None)
+    """The first record of `rs` made with other preset settings than `digest` (both known) that did not train what
+    `digest` trains (an earlier preset whose differences its --set restates did: `trained_as_today`), or None."""
+    return next((r for r in rs if digest and r.get("preset") and r["preset"] != digest
+                 and not (digest == preset_digest(r["profile"].get("config")) and trained_as_today(r))), None)
 
 
 #: earlier presets, by the digest their records carry: the settings in which each differed from the preset of today
@@ -342,8 +351,9 @@ EARLIER_PRESETS = {"configs/proxy1d-quick.yaml": {
 
 
 def earlier_preset(r: dict) -> dict | None:
-    """The EARLIER_PRESETS entry a record was made under (a record from before the digest was recorded: the latest
-    earlier preset, the one it ran if it ran one), or None."""
+    """The EARLIER_PRESETS entry a record was made under, or None (a record from before digests were recorded, of a
+    config with earlier presets: the latest of them, as the page read such records while it was today's; which
+    preset it trained is not known, `trained_as_today`)."""
     known = EARLIER_PRESETS.get(r["profile"].get("config") or "", {})
     digest = r.get("preset")
     if digest is None and known:
@@ -353,7 +363,10 @@ def earlier_preset(r: dict) -> dict | None:
 
 def at_earlier_defaults(r: dict, earlier: dict) -> bool:
     """Whether a record made under an earlier preset ran its settings: each training --set restates that preset's
-    value of its key (analysis settings aside)."""
+    value of its key (analysis settings aside), and the rest of its profile is at the study's defaults (`at_defaults`
+    without --set: the data's size, the noise batches)."""
+    if not at_defaults(r["case"], dict(r["profile"], set=[])):
+        return False
     now = preset_settings(r["profile"].get("config")) or {}
     for s in training_sets(r["profile"]):
         key = s.split("=", 1)[0]
@@ -365,12 +378,15 @@ def at_earlier_defaults(r: dict, earlier: dict) -> bool:
 
 
 def trained_as_today(r: dict) -> bool:
-    """Whether a record trained what its preset trains today: made under today's preset (or before digests were
-    recorded), or under an earlier one (EARLIER_PRESETS) with --set giving each key in which it differed today's
-    value (an analysis setting never changes training)."""
+    """Whether a record trained what its preset trains today: made under today's preset, or under an earlier one
+    (EARLIER_PRESETS) with --set giving each key in which it differed today's value (an analysis setting never
+    changes training). A record from before digests were recorded: yes, unless its config has had earlier presets
+    (then which one it trained is not known: no)."""
     cfg = r["profile"].get("config")
     today = preset_digest(cfg)
-    if not cfg or not today or not r.get("preset") or r["preset"] == today:
+    if not r.get("preset"):
+        return not EARLIER_PRESETS.get(cfg or "")
+    if not cfg or not today or r["preset"] == today:
         return True
     diff = EARLIER_PRESETS.get(cfg, {}).get(r["preset"])
     if diff is None:
@@ -703,9 +719,10 @@ def run_floor(prof: dict, rs: list[dict]) -> tuple[float, float]:
     return fraction, 1.0 / math.sqrt(seen_fraction(fraction, int(prof["members"])))
 
 
-def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
+def floor_rows(prof: dict, rs: list[dict], nonclosure: float | dict[str, float] | None = None) -> list[dict]:
     """Per parameter of a workflow-run profile: the rms error of the GAN and of the ML fit, the largest GAN error
-    and the rms GAN - ML distance, in units of the ML sigma; and the verdict against the run's floor."""
+    and the rms GAN - ML distance, in units of the ML sigma; and the verdict against the run's floor (+-1 sigma
+    under each record's non-closure, or under `nonclosure` for all)."""
     floor = run_floor(prof, rs)[1]
     rows = []
     for i, name in enumerate(rs[0]["names"]):
@@ -720,7 +737,7 @@ def floor_rows(prof: dict, rs: list[dict]) -> list[dict]:
         rms = float(np.sqrt(np.mean(g ** 2)))
         verdict = ("at its floor" if rms <= FLOOR_MARGIN * floor else "above its floor") + (
             f" (provisional, K = {len(rs)})" if len(rs) < 5 else "")
-        s = np.array([sigma_now(r, i) for r in rs])
+        s = np.array([sigma_now(r, i, nonclosure) for r in rs])
         covered = int(np.sum(np.abs(p - t) <= s))  # (a sigma of 0 or nan covers nothing)
         rows.append({"name": name, "rms": rms, "ml_rms": float(np.sqrt(np.mean(m ** 2))),
                      "cover1": f"{covered} of {len(rs)}",
@@ -884,8 +901,9 @@ def pooled(rs: list[dict]) -> list[dict]:
 
 def summary(recs: list[dict]) -> list[str]:
     """The page's first section: per case and workflow, the largest calibration among those that ran today's
-    defaults (a profile, or profiles that differ only in their data seeds, pooled), in one line per parameter (or
-    'not measured')."""
+    defaults (a profile, or profiles that differ only in their data seeds or analysis settings, pooled; a record
+    made under an earlier preset counts where its --set restates today's, `trained_as_today`), in one line per
+    parameter (or 'not measured'), sigma under the preset's analysis.nonclosure of today."""
     from scipy.stats import binomtest, chi2
 
     per_profile: dict[str, list[dict]] = {}
@@ -922,14 +940,17 @@ def summary(recs: list[dict]) -> list[str]:
                    _f(row["pull_width"], ".2f"), _f(row["ml_pull_width"], ".2f"), cover, ml_cover,
                    f"{ratio:.2f}", calibration_verdict(row))
 
-    def run_cells(rs):
-        for row in floor_rows(rs[0]["profile"], rs):
+    def run_cells(rs):  # (as ensemble_cells: sigma under the preset's analysis.nonclosure of today)
+        for row in floor_rows(rs[0]["profile"], rs, today_nonclosure(rs[0]["profile"].get("config"))):
             yield row["name"], len(rs), f"{row['rms']:.2f}", f"{row['ml_rms']:.2f}", row["cover1"], row["verdict"]
 
     lines = ["## Summary: what today's defaults give", "",
              "Per case, the profile with the most data sets among those that ran today's defaults (sections below); "
              "profiles that differ only in their data seeds (`--data-seeds`) are one calibration on more data sets, "
-             "pooled here (their ids joined by +, one record per data seed). "
+             "and those that differ only in how analyze read them (`analysis.nonclosure`) one training: both are "
+             "pooled here (their ids joined by +, one record per data seed), and σ is recomputed under the preset's "
+             "`analysis.nonclosure` of today (each profile's section below keeps the one its runs carried); a "
+             "profile made under an earlier preset counts where its --set restates today's. "
              "Pulls are in units of the GAN's own σ; the errors of the GAN and of the ML fit on the same events in "
              "units of the ML fit's σ, or as their ratio. Beside the coverage of ±1σ, its 95 % interval "
              "(Clopper–Pearson, from K data sets): a verdict whose interval holds the target's 68 % is not yet a "

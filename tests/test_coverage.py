@@ -634,3 +634,33 @@ def test_the_summary_reads_records_under_todays_non_closure():
     assert f"| {np.std(pull, ddof=1):.2f} |" in line and f" {100 * np.mean(np.abs(pull) <= 1):.0f} % (" in line
     own = coverage.stats_of(rs)[i]
     assert own["pull_width"] != pytest.approx(float(np.std(pull, ddof=1)), abs=1e-3)  # (each record's own differs)
+
+
+def test_todays_training_resumes_reads_and_pools_as_today():
+    """Review of the forty-second session: a study at today's preset resumes records of the earlier preset whose
+    --set restates today's (and refuses those that do not); a proxy1d record from before digests (which preset it
+    trained is not known) is not today's; a run row reads sigma under today's non-closure, as an ensemble row does;
+    an unreadable preset leaves each record its own."""
+    folder = coverage.ROOT / "docs" / "benchmarks" / "coverage"
+
+    def recs(pattern):
+        return [json.loads(p.read_text()) for p in sorted(folder.glob(pattern))]
+
+    today = coverage.preset_digest("configs/proxy1d-quick.yaml")
+    lead, partial = recs("proxy1d-fbc9e2c4f529-0*.json"), recs("proxy1d-bc9f9d4b5757-0*.json")
+    assert coverage.stale_preset(lead, today) is None  # resumed at HEAD: the same training
+    assert coverage.stale_preset(partial, today) is partial[0]  # 4,000 epochs: refused
+    old = dict(lead[0], preset=None)  # (no digest)
+    assert not coverage.trained_as_today(old) and coverage.stale_preset([old], today) is None
+    smear = recs("smear1d-run-651acc1d689d-0*.json")
+    assert smear and coverage.trained_as_today(dict(smear[0], preset=None))  # no earlier presets: as before
+    # a run profile that only set the analysis: today's defaults, read under today's non-closure (0: no preset)
+    plain = [ln for ln in coverage.summary(smear) if "| 651acc1d689d |" in ln]
+    odd = copy.deepcopy(smear)
+    for r in odd:
+        r["profile"]["set"] = ["analysis.nonclosure=3"]
+        r["gan"]["nonclosure"] = 3.0
+    assert [ln for ln in coverage.summary(odd) if "| 651acc1d689d |" in ln] == plain and len(plain) == 2
+    assert coverage.floor_rows(odd[0]["profile"], odd)[0]["cover1"] != coverage.floor_rows(
+        odd[0]["profile"], odd, 0.0)[0]["cover1"]  # (its own 3 bounds cover more)
+    assert coverage.today_nonclosure(None) == 0.0 and coverage.today_nonclosure("nosuch:preset") is None
