@@ -56,11 +56,12 @@ def fits(job_dirs: Sequence[str], noise_samples: int, final_noise_samples: int, 
     rows: dict[str, list] = {"p_hat": [], "sigma": [], "dof": [], "bound": [], "truth": []}
     names, unsettled, unfinished, dirs = None, [], [], [str(d) for d in job_dirs]
     fitted: dict[Any, str] = {}  # data set -> the job that fitted it (run.json only: before any checkpoint is read)
-    given: dict[str, str] = {}
+    given: dict[str, str] = {}  # real path -> as first given (the same spelling again, or another)
     for d in job_dirs:
-        if given.setdefault(os.path.realpath(d), str(d)) != str(d) or list(map(str, job_dirs)).count(str(d)) > 1:
-            raise AnalysisError(f"{d}: given twice (as {given[os.path.realpath(d)]}): a closure test needs one job "
-                                f"per data set")
+        real = os.path.realpath(d)
+        if real in given:
+            raise AnalysisError(f"{d}: given twice (as {given[real]}): a closure test needs one job per data set")
+        given[real] = str(d)
         for r in (load_run(p) for p in expand_run_dirs([d])):
             first = fitted.setdefault(data_identity(r), str(d))
             if first != str(d):
@@ -166,8 +167,7 @@ def report(c: dict[str, Any]) -> list[str]:
     late = [d for d in c.get("unfinished", []) if d not in c["left_out"]]
     if late:
         lines.append(f"- {len(late)} job(s) did not complete (killed, stopped, failed or still running), and their "
-                     f"fit above "
-                     f"is at their last checkpoint: {', '.join(late[:3])}{', ...' if len(late) > 3 else ''} "
+                     f"fit above is at their last checkpoint: {', '.join(late[:3])}{', ...' if len(late) > 3 else ''} "
                      "(python -m sagips.analyze JOB names the epoch)")
     if c["far"]:
         lines.append(f"- {', '.join(c['far'])}: the fits end more than {stats.FAR_FROM_FLOOR:.0f} bounds from the "
