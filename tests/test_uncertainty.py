@@ -457,6 +457,41 @@ def test_a_parameter_is_not_converged_while_its_valley_partner_still_moves(tmp_p
     assert [c["moving"] for c in got] == [None, True] and "res, +99 % correlated" in got[0]["message"]
 
 
+def test_a_parameter_is_not_converged_while_a_partner_still_moving_shifts_its_best_value():
+    """A partner correlated with it at any size, still moving, shifts the data's best value of a parameter by the
+    regression slope C_ij / C_jj of the data's covariance C = I^-1 per unit of its own movement: where that exceeds
+    the parameter's sigma it is not called converged (seen: proxy1d at T1, the d valley -0.6 correlated with the still
+    moving u valley, "converged" 3-4 sigma_ML from the data's ML fit). The slope here comes from C itself, not from
+    the correlation and the bounds the diagnostic uses."""
+    cov = np.array([[4.0, -1.3, 0.0], [-1.3, 1.0, 0.1], [0.0, 0.1, 1.0]])  # per event; rho_01 = -0.65
+    n = 10 ** 6
+    bound = np.sqrt(np.diag(cov) / n)
+    corr = stats.information_correlation(np.linalg.inv(cov))
+    epochs = np.arange(100, 1001, 100)
+    # over 800-1000: mu moves 3 of its bounds, res 0.4 of its, k 0.2 of its
+    series = np.stack([1.0 + 3 * bound[0] / 200 * epochs, 0.3 + 0.4 * bound[1] / 200 * epochs,
+                       2.0 + 0.2 * bound[2] / 200 * epochs], 1)
+    names = ["mu", "res", "k"]
+    alone = stats.convergence(names, epochs, series, bound, lower_bound=True, floor=bound)
+    assert [c["moving"] for c in alone] == [True, False, False]
+    got = stats.convergence(names, epochs, series, bound, lower_bound=True, floor=bound, correlation=corr)
+    shift = abs(cov[1, 0] / cov[0, 0] * (series[-1, 0] - series[-3, 0])) / bound[1]  # 0.325 * 6e-3 / 1e-3 = 1.95
+    assert shift == pytest.approx(1.95)
+    assert [c["moving"] for c in got] == [True, None, False]  # k: 0.05 x 3 bounds shifts it 0.15 of its own
+    assert got[1]["message"] == (
+        "res: not judged: it moved 0.4σ over the last 20 % of epochs (800-1000), but mu still moves, and at -65 % "
+        f"correlation in the data's information its movement shifts the data's best res by {shift:.1f}σ: "
+        "train longer, or raise environment.events_per_sample")
+    # a partner that moves less, so that the shift stays under 1σ, leaves the verdict alone: 1.5 bounds x 0.65 = 0.98
+    slow = series.copy()
+    slow[:, 0] = 1.0 + 1.5 * bound[0] / 200 * epochs
+    assert [c["moving"] for c in stats.convergence(names, epochs, slow, bound, lower_bound=True, floor=bound,
+                                                   correlation=corr)] == [True, False, False]
+    # without the data's bounds, only the valley rule (CORRELATION_WARN) applies
+    assert [c["moving"] for c in stats.convergence(names, epochs, series, bound, lower_bound=True,
+                                                   correlation=corr)] == [None, False, False]
+
+
 def test_t_quantile_against_scipy():
     from scipy import stats as st
     for dof in (1, 2, 3, 4, 7, 19, 100, 5000, math.inf):

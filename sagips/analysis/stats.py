@@ -737,8 +737,10 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     parameters (`information_correlation`); a parameter that moved less than its sigma is not called converged while
     a partner correlated with it by `CORRELATION_WARN` or more still moves: along such a valley they move together,
     each by its own share of its sigma (seen: proxy1d after 300 of 4,000 epochs, r_0 0.6 sigma and 14 sigma from its
-    truth, r_1, +99 %, 1.4 sigma). `records`: what the series' epochs are, and the setting that makes them denser
-    (analyze's checkpoints; the run end's metrics.jsonl records, train.log_every).
+    truth, r_1, +99 %, 1.4 sigma); with `floor`, so is one whose best value a partner's movement shifts by more
+    than `threshold` of its sigma, at any correlation (rho_ij floor_i / floor_j per unit of the partner's movement).
+    `records`: what the series' epochs are, and the setting that makes them denser (analyze's checkpoints; the run
+    end's metrics.jsonl records, train.log_every).
 
     One dict per parameter: name, moved (physical units), sigma (what it is judged against), z = |moved|/sigma
     (None without one), moving (bool, or None when it cannot be judged), window [first, last epoch], message (one
@@ -821,12 +823,31 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
     c = None if correlation is None else np.asarray(correlation, dtype=np.float64)
     if c is not None and c.shape == (len(out), len(out)) and len(s) >= 2:
         still = [o["moving"] is True for o in out]  # (the verdicts of the loop above, before any is changed here)
+        b = None if floor is None else np.abs(np.asarray(floor, dtype=np.float64))
+        b = b if b is not None and b.shape == (len(out),) and np.all(np.isfinite(b) & (b > 0)) else None
         for i, o in enumerate(out):
+            if o["moving"] is not False:
+                continue
             partners = [j for j in range(len(out)) if j != i and still[j] and abs(c[i, j]) >= CORRELATION_WARN]
-            if o["moving"] is False and partners:
+            if partners:
                 j = max(partners, key=lambda k: abs(c[i, k]))
                 o["moving"] = None
                 o["message"] = (f"{o['name']}: not judged: it moved {o['z']:.1f}σ {over} ({e0}-{e1}), but {names[j]}, "
                                 f"{100 * c[i, j]:+.0f} % correlated with it in the data's information, still moves, "
                                 f"and along such a valley they move together: {advice}")
+                continue
+            if b is None or not (o["sigma"] > 0):
+                continue
+            # a partner still moving takes this parameter's best value with it: by rho_ij b_i / b_j per unit of its
+            # own movement (the data's maximum of p_i given p_j, from I^-1), whatever the correlation's size (seen:
+            # proxy1d at T1, docs/benchmarks/loop_closure.md, the u valley still moving 1.7-3 bounds and the d
+            # valley, -0.6 correlated with it, "converged" 3-4 sigma_ML from the data's ML fit)
+            drag = {j: abs(c[i, j] * out[j]["moved"]) * b[i] / b[j] / o["sigma"] for j in range(len(out))
+                    if j != i and still[j]}
+            j = max(drag, key=drag.get, default=None)
+            if j is not None and drag[j] > threshold:
+                o["moving"] = None
+                o["message"] = (f"{o['name']}: not judged: it moved {o['z']:.1f}σ {over} ({e0}-{e1}), but {names[j]} "
+                                f"still moves, and at {100 * c[i, j]:+.0f} % correlation in the data's information "
+                                f"its movement shifts the data's best {o['name']} by {drag[j]:.1f}σ: {advice}")
     return out
