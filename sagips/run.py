@@ -956,7 +956,7 @@ def _describe(r: _Run) -> None:
 
 
 def _fit(r: _Run):
-    """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1), else None. Any other error is reported
+    """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1, SIGINT), else None. Any other error is reported
     and aborts the job here, before `_clean_up`."""
     import signal
 
@@ -968,8 +968,8 @@ def _fit(r: _Run):
     def request_stop(signum, frame):  # PBS sends SIGTERM before it kills: finish the epoch, save, stop
         trainer.stop_requested = True
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGUSR1, request_stop)
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # (SIGINT: Ctrl-C, lost the epochs since the state)
+        signal.signal(sig, request_stop)
     t0 = time.time()
     stopped = None
     try:

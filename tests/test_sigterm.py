@@ -1,4 +1,4 @@
-"""SIGTERM (what PBS sends before it kills a job): every rank saves its state at the end of its current epoch and
+"""SIGTERM (what PBS sends before it kills a job) and SIGINT (Ctrl-C): every rank saves its state at the end of its current epoch and
 exits with status 143; `--resume` then completes the run bit-identically to an uninterrupted one.
 
 Two routes are tested, because a batch system may use either:
@@ -40,24 +40,26 @@ def reference(tmp_path_factory):
     return final_generators(out)
 
 
-def term_mid_run(out: Path, target: str, min_epoch: int = 2, timeout: float = 150) -> tuple[int, str]:
-    """Start the slowed 2-rank run, SIGTERM it once a state of epoch >= min_epoch exists; (mpiexec status, stderr)."""
+def term_mid_run(out: Path, target: str, min_epoch: int = 2, timeout: float = 150,
+                 sig: int = signal.SIGTERM) -> tuple[int, str]:
+    """Start the slowed 2-rank run, send `sig` once a state of epoch >= min_epoch exists; (mpiexec status, stderr)."""
     with job_with_state(2, [*ARGS, "--mode", MODE, "--output-dir", str(out), *SLOW], out, min_epoch, timeout) as p:
         if target == "ranks":
             pids = rank_pids(str(out))
             assert sorted(pids) == [0, 1], pids
             for pid in pids.values():
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, sig)
         else:
-            os.kill(p.pid, signal.SIGTERM)  # mpiexec itself (hydra forwards it to the ranks)
+            os.kill(p.pid, sig)  # mpiexec itself (hydra forwards it to the ranks)
         so, se = p.communicate(timeout=60)  # each rank finishes one epoch (~0.3 s), saves, exits
     return p.returncode, so + se
 
 
-@pytest.mark.parametrize("target", ["ranks", "mpiexec"])
-def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, target):
+@pytest.mark.parametrize("target,sig", [("ranks", signal.SIGTERM), ("mpiexec", signal.SIGTERM),
+                                        ("mpiexec", signal.SIGINT)])  # SIGINT: Ctrl-C (it lost the run's epochs)
+def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, target, sig):
     out = tmp_path / "cut"
-    rc, log = term_mid_run(out, target)
+    rc, log = term_mid_run(out, target, sig=sig)
     stopped = {int(r): int(e) for r, e in re.findall(r"rank (\d+): stopped by a signal after epoch (\d+)", log)}
     assert sorted(stopped) == [0, 1], f"exit {rc}: {log[-2000:]}"
     assert rc == 143, f"exit {rc}: {log[-2000:]}"
