@@ -1,5 +1,5 @@
-"""SIGTERM (what PBS sends before it kills a job) and SIGINT (Ctrl-C): every rank saves its state at the end of its current epoch and
-exits with status 143; `--resume` then completes the run bit-identically to an uninterrupted one.
+"""SIGTERM (what PBS sends before it kills a job) and SIGINT (Ctrl-C): every rank saves its state at the end of its
+current epoch and exits with status 143; `--resume` then completes the run bit-identically to an uninterrupted one.
 
 Two routes are tested, because a batch system may use either:
 - SIGTERM to the RANK processes themselves (found through /proc by PMI_RANK, as tests/test_faults.py does);
