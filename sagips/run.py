@@ -142,7 +142,8 @@ def versions() -> dict:
 
 
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
-    """Never overwrite another run silently; --resume needs a run to continue."""
+    """Never overwrite another run silently; --resume needs a run to continue; one job at a time (sagips.io.claim:
+    this process holds the directory's lock until it exits)."""
     up = os.path.abspath(out_dir)
     while not os.path.isdir(up):  # (the directory, or the first of its parents that exists, must be a directory)
         if os.path.lexists(up):
@@ -158,6 +159,9 @@ def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
         raise ConfigError(f"output directory {out_dir} already holds a run; "
                           + ("pass --resume to continue it, " if state else "it saved no training state to resume, so ")
                           + "--overwrite to replace it, or choose another --output-dir")
+    from sagips.io.claim import claim
+
+    claim(out_dir)
 
 
 def saved_config(output_dir: str | None) -> dict:
@@ -248,6 +252,10 @@ def _replace_old_outputs(r: _Run) -> None:
 
     from sagips.analysis import job
 
+    if r.comm.rank == 0:
+        from sagips.io.claim import stamp
+
+        stamp()  # (the directory's lock names this job from here on)
     if r.args.overwrite and r.comm.rank == 0:
         clear_run(r.out_dir)
     if (r.args.overwrite or r.args.resume) and r.world.rank == 0:
@@ -288,6 +296,7 @@ def main(argv=None, peer=None) -> int:
         supervise()  # before numpy, torch and MPI are loaded
     from mpi4py import MPI
 
+    from sagips.io.claim import release_all
     from sagips.io.refdata import DataError
 
     world = MPI.COMM_WORLD
@@ -304,9 +313,24 @@ def main(argv=None, peer=None) -> int:
     except KeyboardInterrupt:  # (one process: under a launcher, each rank reports it in abort_job)
         status.failed("interrupted (KeyboardInterrupt)")
         raise
+    finally:
+        release_all()
 
 
 _reported: list = []  # the error this rank printed (abort_job; MPI_Abort may return before the job is torn down)
+
+
+def failure_line(error: BaseException) -> str:
+    """The error's one line for run.json, with the operating system's error that caused it where a library wrapped
+    one (torch.save on a full disk: 'RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos ...',
+    caused by 'OSError: [Errno 28] No space left on device')."""
+    line = traceback.format_exception_only(error)[0].strip()
+    cause, seen = error.__cause__ or error.__context__, 0
+    while cause is not None and seen < 8:
+        if isinstance(cause, OSError) and cause is not error and cause.strerror:
+            return f"{line} (caused by {type(cause).__name__}: {cause.strerror})"
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return line
 
 
 def abort_job(world) -> None:
@@ -318,7 +342,7 @@ def abort_job(world) -> None:
         _reported[:] = [error]
         sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
-        status.failed(f"rank {world.rank}: {traceback.format_exception_only(error)[0]}")
+        status.failed(f"rank {world.rank}: {failure_line(error)}")
     if world.size > 1:
         time.sleep(0.5)  # let the launcher forward the traceback before MPI_Abort tears everything down
         world.Abort(1)

@@ -2,6 +2,7 @@
 is never written. The runs themselves: tests/test_faults.py (a failed rank, the watchdog, one process) and
 tests/test_sigterm.py ("stopped")."""
 import json
+import os
 
 from sagips.io import status
 
@@ -52,3 +53,25 @@ def test_a_missing_or_broken_run_json_is_no_second_error(tmp_path):
     finally:
         status.mark(None)
     assert (tmp_path / "run.json").read_text() == '{"status": "runn'
+
+
+def test_a_failure_line_names_the_operating_systems_error_that_a_library_wrapped():
+    """torch.save on a full disk raises RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos ...')
+    from the OSError of the write: run.json's line names the cause (a new user's disk-full trial read only the
+    first)."""
+    import errno
+
+    from sagips.run import failure_line
+
+    def save():
+        try:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5120 vs 5072")  # noqa: B904
+
+    try:
+        save()
+    except RuntimeError as e:
+        assert failure_line(e) == ("RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 5120 vs "
+                                   "5072 (caused by OSError: No space left on device)")
+    assert failure_line(ValueError("bad")) == "ValueError: bad"  # nothing wrapped: the line alone

@@ -1,0 +1,102 @@
+"""One job per output directory (sagips/io/claim.py): a second job into a directory in use is refused in one line
+before it writes anything, and a lock never outlives its process (a killed job's --resume is not blocked).
+
+Seen before the lock (a new user's trial): two jobs into one directory both ran and exited 0, metrics.jsonl held
+epoch 1 twice with its times going backwards, and run.json and the states were whichever job wrote last.
+"""
+import errno
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sagips.config import ConfigError
+from sagips.io import claim
+from sagips.io.metrics import read_metrics
+from tests._mpirun import ROOT, child_env, job_with_state, run_mpi
+from tests.test_resume import ARGS, EPOCHS
+from tests.test_sigterm import SLOW
+
+HOLD = """
+import sys, time
+from sagips.io.claim import claim, stamp
+claim(sys.argv[1])
+stamp()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def claim_in_child(path) -> subprocess.Popen:
+    """Another process that holds the lock of `path` (until it is killed)."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=ROOT, env=child_env(None),
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_directory_held_by_another_process_is_refused_until_that_process_ends(tmp_path):
+    out = tmp_path / "new" / "run"  # (created by the claim)
+    p = claim_in_child(out)
+    try:
+        with pytest.raises(ConfigError) as e:
+            claim.claim(str(out))
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"output directory {out} is in use by another job (pid {p.pid} on ")
+        assert msg.endswith("wait until it ends, or choose another --output-dir")
+    finally:
+        p.kill()
+        p.wait()
+    claim.claim(str(out))  # the kernel dropped the dead process's lock: no stale lock
+    try:
+        claim.claim(str(out))  # this process holds it already: no conflict with itself (in-process runs)
+        claim.stamp()
+        assert open(out / claim.LOCK_NAME).read().startswith(f"pid {os.getpid()} on ")
+    finally:
+        claim.release_all()
+    p = claim_in_child(out)  # released: another process may take it
+    p.kill()
+    p.wait()
+
+
+def test_a_directory_that_cannot_be_written_is_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    # (root writes into a directory without write permission: it gets a read-only file system's refusal instead)
+    target = "/sys/sagips-run" if os.geteuid() == 0 else str(ro / "run")
+    try:
+        with pytest.raises(ConfigError) as e:
+            claim.claim(target)
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"--output-dir {target}: cannot write there (")
+        assert msg.endswith("); choose another --output-dir") and claim._held == {}
+    finally:
+        ro.chmod(0o755)
+
+
+def test_a_file_system_without_flock_runs_without_the_lock(tmp_path, monkeypatch):
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(claim.fcntl, "flock", no_flock)
+    claim.claim(str(tmp_path / "run"))
+    assert claim._held == {}
+
+
+def test_a_second_job_into_a_running_jobs_directory_is_refused_and_the_first_completes(tmp_path):
+    out = tmp_path / "run"
+    first = [*ARGS, "--mode", "ensemble", "--output-dir", str(out), *SLOW]
+    with job_with_state(2, first, out, min_epoch=2) as p:
+        # --overwrite would have deleted the running job's files: refused before anything is written
+        r = run_mpi(2, [*ARGS, "--mode", "ensemble", "--output-dir", str(out), "--overwrite", "--seed", "99"],
+                    timeout=120)
+        assert r.returncode == 2, r.stderr[-2000:]
+        lines = [x for x in r.stderr.splitlines() if x.startswith("sagips: error:")]
+        assert len(lines) == 1 and f"output directory {out} is in use by another job (pid " in lines[0], r.stderr
+        r = run_mpi(2, ["-m", "sagips.run", "--resume", "--output-dir", str(out), "--no-progress"], timeout=120)
+        assert r.returncode == 2 and "is in use by another job" in r.stderr, r.stderr[-2000:]
+        so, se = p.communicate(timeout=120)
+        assert p.returncode == 0, se[-2000:]
+    assert [m["epoch"] for m in read_metrics(out / "metrics.jsonl")] == list(range(1, EPOCHS + 1))
