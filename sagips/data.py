@@ -88,6 +88,9 @@ def main(argv=None) -> int:
             merge(env_raw, path, value)
         if env_raw.get("name") != args.env:
             raise ConfigError(f"--set name: the environment is chosen by the command ({args.env})")
+        if args.events is not None and env_raw.get("reference_events") != args.events:
+            raise ConfigError(f"--events {args.events} and --set reference_events={env_raw['reference_events']}: "
+                              f"give the number of events once")
         cfg = build_config(raw)
     except ConfigError as e:
         print(f"sagips.data: error: {e}", file=sys.stderr)
@@ -97,19 +100,19 @@ def main(argv=None) -> int:
     from sagips.io.writer import STREAM_BLOCK_ROWS, can_stream, write_stream
 
     env_cls = get_environment(args.env)
-    if not can_stream(cfg.environment):
-        arrays, attrs = env_cls.generate_reference(cfg.environment, args.seed)
-        write_reference(args.out, arrays, attrs)
-        print(f"wrote {args.out}: " + ", ".join(f"{k} {v.shape}" for k, v in arrays.items()))
-        return 0
-    from mpi4py import MPI
+    try:  # (ConfigError: the environment's own checks, e.g. a density negative inside its bounds)
+        if not can_stream(cfg.environment):
+            arrays, attrs = env_cls.generate_reference(cfg.environment, args.seed)
+            write_reference(args.out, arrays, attrs)
+            print(f"wrote {args.out}: " + ", ".join(f"{k} {v.shape}" for k, v in arrays.items()))
+            return 0
+        from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    n = cfg.environment.reference_events
-    try:
+        comm = MPI.COMM_WORLD
+        n = cfg.environment.reference_events
         write_stream(args.out, env_cls, cfg.environment, args.seed, n, comm=comm if comm.size > 1 else None,
                      progress=not args.no_progress and sys.stderr.isatty() and comm.rank == 0)
-    except (DataError, OSError) as e:
+    except (ConfigError, DataError, OSError) as e:
         print(f"sagips.data: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     if comm.rank == 0:

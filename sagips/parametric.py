@@ -285,6 +285,27 @@ class ParametricEnvironment(Environment):
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
         self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
 
+    #: points of the box of `parameters` at which the density is checked before any work: its corners (up to 2^10)
+    #: and this many others, drawn with a fixed seed (the same on every rank, which then fail alike)
+    BOX_POINTS = 256
+
+    def _check_density_over_box(self) -> None:
+        """The density's shape and sign over the whole box of `parameters`, once, at the first call: the generator can
+        reach any point of it, and the step reads no device value to check each call (a new user's density, negative
+        for |slope| > 1 inside bounds of +-2: rank 0's first call passed, later ones sampled from a non-monotonic
+        CDF without a word, and other ranks' first calls failed mid-run with a traceback)."""
+        P = len(self.names)
+        lo, hi = self.pmin.double().cpu(), self.pmax.double().cpu()
+        u = torch.rand((self.BOX_POINTS, P), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        pts = [torch.full((1, P), 0.5, dtype=torch.float64), u]
+        if P <= 10:  # every corner
+            pts.append(((torch.arange(2 ** P)[:, None] >> torch.arange(P)) & 1).double())
+        unit = torch.cat(pts)
+        p = (lo + unit * (hi - lo)).to(self.x.dtype).to(self.device)
+        with torch.no_grad():
+            for start in range(0, len(p), 64):
+                self._check_density(self.density(p[start:start + 64], self.x), p[start:start + 64], self.x)
+
     def _set_events_per_sample(self, n: int) -> None:
         self.events_per_sample = int(n)
         self._n_fake = self.cfg.param_samples * self.events_per_sample
@@ -311,8 +332,9 @@ class ParametricEnvironment(Environment):
         if self.pipeline_method == "density":
             x = self.x.to(p.dtype)
             f = self.density(p, x)
-            if not self._density_checked:
+            if not self._density_checked:  # (the first call, on every rank alike)
                 self._check_density(f, p, x)
+                self._check_density_over_box()
             _, cdf = normalized_cdf(f, x)
             return sample_inverse_cdf(cdf, x, u[..., 0])[..., None]
         ev = self.simulate(p, u)
@@ -348,7 +370,8 @@ class ParametricEnvironment(Environment):
         return f"{got}"
 
     def _check_density(self, f: Any, p: torch.Tensor, x: torch.Tensor) -> None:
-        """Once per process: the density's shape and sign (a negative or zero density makes no CDF)."""
+        """The density's shape and sign (a negative or zero density makes no CDF): at the first call's parameters,
+        then over the box (`_check_density_over_box`)."""
         want = (p.shape[0], x.shape[0])
         if not torch.is_tensor(f) or tuple(f.shape) != want:
             shape = tuple(f.shape) if torch.is_tensor(f) else type(f).__name__

@@ -29,6 +29,14 @@ class Detached(Toy1D):
         return super().density(p.detach(), x)
 
 
+class NaNAtLargeC(Toy1D):
+    """A density that is NaN for c > 1 (inside the bounds, above the truth's 0.9)."""
+
+    def density(self, p, x):
+        f = super().density(p, x)
+        return torch.where(p[:, 2:3] > 1.0, f * float("nan"), f)
+
+
 class Flat(Toy1D):
     """A full-protocol override of synthesize that returns flat events (N,) instead of (N, 1)."""
 

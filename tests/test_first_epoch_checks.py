@@ -1,11 +1,15 @@
 """The first-epoch checks (sagips.checks): each mistake of tests/_toy_variants.py fails with one line that names the
 method to fix, the correct environments pass, and the checks leave the training's random numbers untouched."""
+import re
+
 import numpy as np
 import pytest
 import torch
 
+from sagips import ParametricEnvironment
 from sagips.checks import FirstEpochCheckError
 from sagips.config import Config, from_dict
+from sagips.environment import EnvironmentCheckError
 from sagips.trainer import Trainer
 from tests._plugins import TOY_SRC
 
@@ -48,15 +52,48 @@ def test_each_mistake_fails_with_one_line(variants, tmp_path, name, start, detai
 
 
 def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
-    class NaNAtLargeC(variants.Toy1D):
-        def density(self, p, x):
-            f = super().density(p, x)
-            return torch.where(p[:, 2:3] > 1.0, f * float("nan"), f)
+    NaNAtLargeC = variants.NaNAtLargeC
+    # the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not: the first call (here the reference data's, at
+    # the truth) checks the whole box (ParametricEnvironment._check_density_over_box), its middle first
+    with pytest.raises(EnvironmentCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
+        make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
 
-    # started at the box's middle (g_start 0): the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not
-    tr = make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
-    with pytest.raises(FirstEpochCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
-        tr.fit(progress=False)
+
+class Ramp(ParametricEnvironment):
+    """A peak on a linear background (1 + slope (x - 5) / 5) / 10 on [0, 10]: negative somewhere for |slope| > 1
+    (a new user's model), with bounds that allow it."""
+
+    name = "ramp"
+    support = (0.0, 10.0)
+    parameters = {"f": (0.05, 0.5), "width": (0.5, 1.5), "slope": (-2.0, 2.0)}
+    true_params = {"f": 0.2, "width": 1.0, "slope": 0.5}
+
+    def density(self, p, x):
+        f, w, s = p[:, 0:1], p[:, 1:2], p[:, 2:3]
+        peak = torch.exp(-0.5 * ((x - 1.0) / w) ** 2) / (w * 2.5066)
+        return f * peak + (1 - f) * (1 + s * (x - 5.0) / 5.0) / 10.0
+
+
+def test_a_density_negative_anywhere_in_the_box_is_one_line_before_any_work():
+    """Before, only the first call's parameters were checked: rank 0's passed (slope 0.5), a later slope of 1.05
+    sampled from a non-monotonic CDF without a word, and ranks started elsewhere failed mid-run with a traceback.
+    Now the first call checks the box (its middle, corners and 256 fixed points), alike on every rank."""
+    cfg = from_dict(Ramp.Config, dict(SMALL), "environment.")
+    msgs = []
+    for seed in (0, 1):  # two ranks' environments: the same line
+        with pytest.raises(EnvironmentCheckError) as e:
+            Ramp.generate_reference(cfg, seed)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1] and "\n" not in msgs[0]
+    m = re.match(r"^density: negative or all-zero values at f=([-.0-9e]+), width=([-.0-9e]+), slope=([-.0-9e]+) "
+                 r"\(inside the bounds\)", msgs[0])
+    assert m and abs(float(m.group(3))) > 1.0, msgs[0]  # where the background is negative: |slope| > 1
+    assert msgs[0].endswith("narrow `parameters` or fix the formula")
+    # bounds that keep it positive: no error, and the data are drawn
+    ok = type("RampOK", (Ramp,), {"parameters": {"f": (0.05, 0.5), "width": (0.5, 1.5), "slope": (-0.9, 0.9)},
+                                   "__module__": __name__})
+    arrays, _ = ok.generate_reference(from_dict(ok.Config, dict(SMALL), "environment."), 0)
+    assert arrays["events"].shape == (SMALL["reference_events"], 1)
 
 
 @pytest.mark.parametrize("name", ["Toy1D", "Slope"])

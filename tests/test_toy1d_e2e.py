@@ -3,6 +3,7 @@ pip): its reference data follow the analytic density; it trains on 1 rank and re
 ranks in rma-arar-arar, sagips.analyze names its parameters, and a broken variant stops at the first epoch with one
 line on every mode's clean-up path."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ TINY = ["-m", "sagips.run", "--config", "toy1d:quick", "--no-progress",
 def env(tmp_path_factory):
     site = tmp_path_factory.mktemp("site")
     paths = toy_site(site)
-    write_dist(site, "sagips-toy-variants", {"toy1d_narrow": "tests._toy_variants:Narrow1"})
+    write_dist(site, "sagips-toy-variants", {"toy1d_narrow": "tests._toy_variants:Narrow1",
+                                             "toy1d_nan": "tests._toy_variants:NaNAtLargeC"})
     return pythonpath(paths), paths
 
 
@@ -43,6 +45,23 @@ def test_reference_data_follow_the_density(env, tmp_path, monkeypatch):
     z = integrate.quad(f, 0, 1)[0]
     cdf = np.vectorize(lambda x: integrate.quad(f, 0, min(max(x, 0.0), 1.0))[0] / z)
     assert stats.kstest(arrays["events"][:, 0], cdf).pvalue > 1e-3
+
+
+def test_sagips_data_refuses_a_density_bad_inside_its_bounds_and_events_given_twice_in_one_line(env, tmp_path,
+                                                                                               monkeypatch, capsys):
+    """A density NaN inside its bounds (not at the truth) and --events beside --set reference_events were a
+    traceback and a silent override (a new user's trial)."""
+    from sagips.data import main as data_main
+
+    add_to_sys_path(env[1], monkeypatch)
+    assert data_main(["toy1d_nan", "--out", str(tmp_path / "x.h5"), "--events", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.match(r"sagips.data: error: density: NaN or infinite values at a=.*c=1\.", err[0]), err
+    assert data_main(["toy1d", "--out", str(tmp_path / "y.h5"), "--events", "1000", "--set",
+                      "reference_events=5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["sagips.data: error: --events 1000 and --set reference_events=5: give the number of events once"]
+    assert not (tmp_path / "x.h5").exists() and not (tmp_path / "y.h5").exists()
 
 
 def test_the_truth_of_a_data_file_made_elsewhere_is_the_runs(env, tmp_path, monkeypatch):
