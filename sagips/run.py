@@ -141,6 +141,21 @@ def versions() -> dict:
             "mpi": MPI.Get_library_version().splitlines()[0].strip(), "cuda": torch.version.cuda}
 
 
+def schedule_change(saved: dict, cfg, epoch: int) -> str:
+    """What a resume with another train.epochs does to the learning rates' decay (lr0 * final ** ((e - 1) /
+    (epochs - 1)): a pure function of the epoch and train.epochs), said beside the resume's line: '' where nothing
+    changes (a new user extended a run and found its rate raised 1.6x, without a word)."""
+    old = (saved.get("train") or {}).get("epochs")
+    t = cfg.train
+    g, d = t.lr_final, t.lr_final if t.lr_d_final is None else t.lr_d_final
+    if not isinstance(old, int) or old == t.epochs or g == d == 1.0:
+        return ""
+    x = (epoch - 1) / max(1, t.epochs - 1) - (epoch - 1) / max(1, old - 1)
+    rise = f"{g ** x:.2f}x" if g == d else f"{g ** x:.2f}x (the generator's), {d ** x:.2f}x (the critic's)"
+    return (f": the learning rates' decay (train.lr_final) now spans {t.epochs} epochs, not {old}, so from here they "
+            f"are {rise} those of the saved schedule (a {t.epochs}-epoch run's)")
+
+
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
     """Never overwrite another run silently; --resume needs a run to continue; one job at a time (sagips.io.claim:
     this process holds the directory's lock until it exits)."""
@@ -931,6 +946,9 @@ def _describe(r: _Run) -> None:
             print(f"sagips: --resume: {len(changed)} setting(s) differ from the saved run's, and this run uses the "
                   f"new value(s): {'; '.join(changed[:8])}{'; ...' if len(changed) > 8 else ''}", file=sys.stderr,
                   flush=True)
+        if r.is_root:
+            print(f"sagips: --resume: from epoch {epoch0} of {cfg.train.epochs}"
+                  + schedule_change(r.prev_run.get("config") or {}, cfg, epoch0), file=sys.stderr, flush=True)
         if r.is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])

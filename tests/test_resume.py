@@ -54,6 +54,8 @@ def test_resume_after_kill_is_bit_identical(tmp_path, mode):
     r = run_mpi(2, ["-m", "sagips.run", "--resume", "--output-dir", str(cut), "--no-progress"], timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"removed {len(temps)} temporary file" in r.stderr
+    resumed_at = json.loads((cut / "run.json").read_text())["resumes"][0]["epoch"]
+    assert f"sagips: --resume: from epoch {resumed_at} of {EPOCHS}\n" in r.stderr  # (the schedule is unchanged)
     assert not any(f.exists() for f in temps)
     a, b = final_generators(ref), final_generators(cut)
     assert sorted(a) == sorted(b) == [0, 1]
@@ -64,6 +66,29 @@ def test_resume_after_kill_is_bit_identical(tmp_path, mode):
     # the states hold the subset's key, not its rows (issue 23): the resume rebuilt the subset from the seed
     sd = load_state(cut, 0, EPOCHS)
     assert "subset_idx" not in sd and sd["data_key"]["file"] is None and sd["data_key"]["rank"] == 0
+
+
+def test_a_resume_that_changes_the_epochs_says_what_it_does_to_the_learning_rates():
+    """lr(e) = lr0 * final ** ((e - 1) / (epochs - 1)): a resume at epoch 6000 of a 6000-epoch run to 9000 epochs
+    continues at a 9000-epoch run's rate, 0.1 ** (5999/8999 - 1) = 2.15x the saved schedule's last; said in the
+    resume's line (a new user extended a run and found its rate raised without a word)."""
+    from sagips.config import load
+    from sagips.run import schedule_change
+
+    def lr(e, epochs, final):  # the schedule, written here
+        return 1e-3 * final ** ((e - 1) / (epochs - 1))
+
+    cfg = load("configs/proxy1d-quick.yaml", ["train.epochs=9000"])  # (lr_final 0.1, the critic's alike)
+    assert schedule_change({"train": {"epochs": 6000}}, cfg, 6000) == (
+        f": the learning rates' decay (train.lr_final) now spans 9000 epochs, not 6000, so from here they are "
+        f"{lr(6000, 9000, 0.1) / lr(6000, 6000, 0.1):.2f}x those of the saved schedule (a 9000-epoch run's)")
+    assert f"{lr(6000, 9000, 0.1) / lr(6000, 6000, 0.1):.2f}" == "2.15"
+    cfg = load("configs/proxy1d-quick.yaml", ["train.epochs=500", "train.lr_d_final=1"])
+    assert schedule_change({"train": {"epochs": 400}}, cfg, 400).endswith(
+        f"so from here they are {lr(400, 500, 0.1) / lr(400, 400, 0.1):.2f}x (the generator's), 1.00x (the critic's) "
+        f"those of the saved schedule (a 500-epoch run's)")
+    assert schedule_change({"train": {"epochs": 6000}}, load("configs/proxy1d-quick.yaml", []), 3000) == ""
+    assert schedule_change({"train": {"epochs": 400}}, load(None, ["train.epochs=500"]), 400) == ""  # lr_final 1
 
 
 def check_resumed_run(cut):
