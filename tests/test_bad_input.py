@@ -231,6 +231,22 @@ def test_resume_beyond_its_epochs_is_refused_and_a_complete_run_has_nothing_to_d
     assert resumed["config"]["train"]["amp"] == "auto" and resumed["precision"] == started["precision"]
 
 
+@pytest.mark.parametrize("change", ["environment.reference_events=3000",
+                                    "environment.true_params=[2.2,-0.5,3,1.1,-0.5,4]"])
+def test_a_resume_on_other_generated_data_names_the_settings_that_make_them(tmp_path, capsys, change):
+    """Generated data made with another truth or size: the refusal was 'data file generated data is not the data this
+    run was trained on ...; resume with the original file' (no file involved; a new user's trial)."""
+    out = tmp_path / "out"
+    assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--output-dir", str(out)]) == 0
+    capsys.readouterr()
+    assert main(TINY + ["--resume", "--epochs", "3", "--set", change, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sagips: error: --resume: the generated reference data are not the "
+                                               "ones this run was trained on (layout "), err
+    assert err[0].endswith("a setting that makes them changed (environment.true_params, environment.reference_events "
+                           "or --seed); resume with the run's values")
+
+
 def test_a_refused_resume_leaves_the_run_untouched(tmp_path, capsys):
     """--resume with networks of another size: the saved state is refused in one line (exit 2), before the job's
     analysis or any state is removed."""
