@@ -218,6 +218,15 @@ class ParametricEnvironment(Environment):
         params, truth = cls.parameters, getattr(cls, "true_params", None)
         if not isinstance(params, dict) or not params:
             raise TypeError(f"{where}.parameters: expected a mapping name -> (low, high)")
+        for attr, ranges in (("parameters", params), ("support", {None: getattr(cls, "support", (0.0, 1.0))})):
+            for n, r in ranges.items():  # (a reversed range read as a bad config key or a negative density)
+                at = f"{where}.{attr}" + ("" if n is None else f"[{n!r}]")
+                ok = isinstance(r, (tuple, list)) and len(r) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in r)
+                if not ok:
+                    raise TypeError(f"{at}: expected (low, high), two finite numbers, got {r!r}")
+                if not r[0] < r[1]:
+                    raise TypeError(f"{at}: low must be < high, got {tuple(r)}")
         if not isinstance(truth, dict) or list(truth) != list(params):
             raise TypeError(f"{where}.true_params: expected a mapping with the names of `parameters`, in their order "
                             f"({', '.join(params)})")

@@ -125,6 +125,17 @@ def test_class_definition_mistakes():
             type("BadWidth", (ParametricEnvironment,), {"name": "w", "parameters": {"a": (0.0, 1.0)},
                                                          "true_params": {"a": 0.5}, attr: bad,
                                                          "simulate": lambda self, p, u: u})
+    # a reversed range: named at the class (it read 'environment.bounds.f: low must be < high', a key the user never
+    # set, or 'density: negative or all-zero values' for a reversed support; a new user's trial)
+    for attrs, msg in (({"support": (10.0, 0.0)}, r"Rev\.support: low must be < high, got \(10\.0, 0\.0\)$"),
+                       ({"parameters": {"a": (0.95, 0.05)}},
+                        r"Rev\.parameters\['a'\]: low must be < high, got \(0\.95, 0\.05\)$"),
+                       ({"parameters": {"a": (0.0, float("inf"))}},
+                        r"Rev\.parameters\['a'\]: expected \(low, high\), two finite numbers, got \(0\.0, inf\)$")):
+        with pytest.raises(TypeError, match=msg):
+            type("Rev", (ParametricEnvironment,), {"name": "r", "parameters": {"a": (0.0, 1.0)},
+                                                    "true_params": {"a": 0.5}, **attrs,
+                                                    "density": lambda self, p, x: p + x})
 
 
 def test_toy_package_is_at_most_30_lines():
