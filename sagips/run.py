@@ -325,8 +325,14 @@ def main(argv=None, peer=None) -> int:
     except Exception:
         abort_job(world)
         return 1
-    except KeyboardInterrupt:  # (one process: under a launcher, each rank reports it in abort_job)
+    except KeyboardInterrupt:  # Ctrl-C outside training (training saves a state and stops: exit 143)
         status.failed("interrupted (KeyboardInterrupt)")
+        import signal
+
+        print(f"sagips: rank {world.rank}: interrupted (SIGINT) outside training, during start-up or the run's "
+              f"end", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # die by the signal, as an uncaught interrupt does, without
+        os.kill(os.getpid(), signal.SIGINT)  # its traceback (a launcher then ends the job as before)
         raise
     finally:
         release_all()
@@ -998,8 +1004,8 @@ def _describe(r: _Run) -> None:
 
 
 def _fit(r: _Run):
-    """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1, SIGINT), else None. Any other error is reported
-    and aborts the job here, before `_clean_up`."""
+    """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1, SIGINT), else None. Any other error is
+    reported and aborts the job here, before `_clean_up`."""
     import signal
 
     from sagips.checks import FirstEpochCheckError
@@ -1031,6 +1037,8 @@ def _fit(r: _Run):
         if r.world.size > 1:
             abort_job(r.world)  # does not return
         raise
+    finally:  # (Ctrl-C after training, e.g. in the run end's analysis, interrupts again)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     r.wall = time.time() - t0
     return stopped
 

@@ -43,13 +43,25 @@ def is_supervised() -> bool:
     return os.environ.get("SAGIPS_SUPERVISED") == "1"
 
 
-def death_message(rank: int, pid: int, host: str, sig: int) -> str:
+def _name(sig: int) -> str:
     try:
-        name = signal.Signals(sig).name
+        return signal.Signals(sig).name
     except ValueError:
-        name = f"signal {sig}"
+        return f"signal {sig}"
+
+
+def death_message(rank: int, pid: int, host: str, sig: int, sent: int | None = None) -> str:
+    """The line for a rank that died by signal `sig`; `sent`: a stop signal the launcher sent it first (Ctrl-C, a
+    batch system's stop), which training turns into a saved state and exit 143: a death after it is a stop before
+    training began (imports, data) or after it ended, not a crash (seen: SIGABRT from the C++ runtime of a rank
+    interrupted during start-up, told to look for a crash and to --resume a run that had never started)."""
+    if sent is not None:
+        after = "" if sig == sent else f" (by signal {sig}, {_name(sig)})"
+        return (f"sagips: rank {rank} (pid {pid} on {host}) ended on the {_name(sent)} it was sent{after}, outside "
+                f"training (start-up or the end): nothing was lost beyond what that stop interrupted; a run that "
+                f"saved states continues with --resume")
     hint = _HINTS.get(sig)
-    return (f"sagips: rank {rank} (pid {pid} on {host}) was killed by signal {sig} ({name}"
+    return (f"sagips: rank {rank} (pid {pid} on {host}) was killed by signal {sig} ({_name(sig)}"
             f"{': ' + hint if hint else ''}); the job cannot go on without it. "
             f"Continue from the last saved state with --resume.")
 
@@ -81,7 +93,10 @@ def supervise() -> None:
 
 
 def _wait_and_report(child: int, rank: int, old_mask) -> None:
+    sent: list[int] = []  # the signals forwarded
+
     def forward(signum, frame):
+        sent.append(signum)
         try:
             os.kill(child, signum)
         except ProcessLookupError:
@@ -99,7 +114,7 @@ def _wait_and_report(child: int, rank: int, old_mask) -> None:
     if os.WIFEXITED(status):
         os._exit(os.WEXITSTATUS(status))
     sig = os.WTERMSIG(status)
-    sys.stderr.write(death_message(rank, child, socket.gethostname(), sig) + "\n")
+    sys.stderr.write(death_message(rank, child, socket.gethostname(), sig, sent[0] if sent else None) + "\n")
     sys.stderr.flush()
     # die the same way, so that the launcher reports what it would have reported without the supervisor
     for s in _FORWARD:

@@ -68,6 +68,35 @@ def test_sigterm_to_the_launched_process_reaches_the_worker(blocked):
     assert "worker got 15" in out and p.returncode == 143 and "killed by signal" not in err
 
 
+def test_a_worker_that_dies_on_the_signal_it_was_sent_is_told_apart_from_a_crash():
+    """Ctrl-C reaches a rank outside training (the worker here has no SIGINT handler: start-up): it dies by the
+    signal, and the line says so, not 'killed ... the job cannot go on' with --resume for a run that never started."""
+    p, worker, _ = start()
+    p.send_signal(signal.SIGINT)  # what mpiexec forwards on Ctrl-C
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGINT
+    line = [x for x in err.splitlines() if x.startswith("sagips:")]
+    assert line == [death_message(3, worker, os.uname().nodename, signal.SIGINT, signal.SIGINT)], err
+    assert line[0] == (f"sagips: rank 3 (pid {worker} on {os.uname().nodename}) ended on the SIGINT it was sent, "
+                       f"outside training (start-up or the end): nothing was lost beyond what that stop interrupted; "
+                       f"a run that saved states continues with --resume")
+    assert death_message(3, 42, "h", signal.SIGABRT, signal.SIGINT).startswith(
+        "sagips: rank 3 (pid 42 on h) ended on the SIGINT it was sent (by signal 6, SIGABRT), outside training")
+
+
+def test_ctrl_c_outside_training_is_one_line_and_the_process_dies_by_sigint(tmp_path):
+    """main: a KeyboardInterrupt outside training (start-up, the run's end) was a traceback per rank; now one line,
+    and the process dies by SIGINT as an uncaught interrupt does (a launcher then ends the job as before)."""
+    code = ("import sagips.run as r\n"
+            "def stop(*a, **k):\n    raise KeyboardInterrupt\n"
+            "r._main = stop\n"
+            "r.main(['--no-progress'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")})
+    assert p.returncode == -signal.SIGINT, p.stderr[-2000:]
+    assert p.stderr.strip() == "sagips: rank 0: interrupted (SIGINT) outside training, during start-up or the run's end"
+
+
 def test_killing_the_launched_process_takes_the_worker_with_it():
     p, worker, _ = start()
     p.kill()  # the launcher's teardown of a survivor
