@@ -153,7 +153,7 @@ def schedule_change(saved: dict, cfg, epoch: int) -> str:
     x = (epoch - 1) / max(1, t.epochs - 1) - (epoch - 1) / max(1, old - 1)
     rise = f"{g ** x:.2f}x" if g == d else f"{g ** x:.2f}x (the generator's), {d ** x:.2f}x (the critic's)"
     return (f": the learning rates' decay (train.lr_final) now spans {t.epochs} epochs, not {old}, so from here they "
-            f"are {rise} those of the saved schedule (a {t.epochs}-epoch run's)")
+            f"are {rise} those of the saved schedule (as a {t.epochs}-epoch run's are here)")
 
 
 def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
@@ -164,6 +164,10 @@ def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
         if os.path.lexists(up):
             raise ConfigError(f"--output-dir {out_dir}: {up} is a file, not a directory; choose another --output-dir")
         up = os.path.dirname(up)
+    from sagips.io.claim import claim
+
+    if os.path.isdir(out_dir):  # (before what it holds is judged: a job in it is named as such; a directory that
+        claim(out_dir)  # does not exist yet is created by the claim below, once the options are checked)
     has_run = os.path.exists(os.path.join(out_dir, "run.json")) or os.path.isdir(os.path.join(out_dir, "checkpoints"))
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite exclude each other")
@@ -174,9 +178,7 @@ def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
         raise ConfigError(f"output directory {out_dir} already holds a run; "
                           + ("pass --resume to continue it, " if state else "it saved no training state to resume, so ")
                           + "--overwrite to replace it, or choose another --output-dir")
-    from sagips.io.claim import claim
-
-    claim(out_dir)
+    claim(out_dir)  # (this process's second claim of a directory is a no-op)
 
 
 def saved_config(output_dir: str | None) -> dict:
@@ -326,13 +328,15 @@ def main(argv=None, peer=None) -> int:
         abort_job(world)
         return 1
     except KeyboardInterrupt:  # Ctrl-C outside training (training saves a state and stops: exit 143)
-        status.failed("interrupted (KeyboardInterrupt)")
         import signal
 
-        print(f"sagips: rank {world.rank}: interrupted (SIGINT) outside training, during start-up or the run's "
-              f"end", file=sys.stderr, flush=True)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # die by the signal, as an uncaught interrupt does, without
-        os.kill(os.getpid(), signal.SIGINT)  # its traceback (a launcher then ends the job as before)
+        if not any(isinstance(e, KeyboardInterrupt) for e in _reported):  # (not the second Ctrl-C's, said in _fit)
+            status.failed("interrupted (KeyboardInterrupt)")
+            print(f"sagips: rank {world.rank}: interrupted (SIGINT) outside training, during start-up or the run's "
+                  f"end", file=sys.stderr, flush=True)
+        if argv is None:  # the command line (not main(argv) called from Python, which gets the exception)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # die by the signal, as an uncaught interrupt does, without
+            os.kill(os.getpid(), signal.SIGINT)  # its traceback (a launcher then ends the job as before)
         raise
     finally:
         release_all()
@@ -345,12 +349,16 @@ def failure_line(error: BaseException) -> str:
     """The error's one line for run.json, with the operating system's error that caused it where a library wrapped
     one (torch.save on a full disk: 'RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos ...',
     caused by 'OSError: [Errno 28] No space left on device')."""
-    line = traceback.format_exception_only(error)[0].strip()
-    cause, seen = error.__cause__ or error.__context__, 0
+    line = (traceback.format_exception_only(error)[0].strip().splitlines() or [type(error).__name__])[0]
+
+    def below(e: BaseException) -> BaseException | None:  # (what the traceback would show as its cause)
+        return e.__cause__ if e.__cause__ is not None else None if e.__suppress_context__ else e.__context__
+
+    cause, seen = below(error), 0
     while cause is not None and seen < 8:
         if isinstance(cause, OSError) and cause is not error and cause.strerror:
             return f"{line} (caused by {type(cause).__name__}: {cause.strerror})"
-        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+        cause, seen = below(cause), seen + 1
     return line
 
 
@@ -462,6 +470,10 @@ def _configure(r: _Run) -> None:
                                   f"take that risk")
         # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work
         # per rank must not grow with the ranks (400 ranks reading the same files on Lustre)
+        if members > 1 and world.rank == 0 and os.path.isdir(cfg.output_dir):  # (the job's own: its analysis)
+            from sagips.io.claim import claim
+
+            claim(cfg.output_dir)
         on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
         return (on_root(comm, check_resumable, out_dir, cfg, comm.size, r.peer.mode if r.peer else None)
                 if args.resume else None)
@@ -1013,10 +1025,25 @@ def _fit(r: _Run):
 
     trainer = r.trainer
 
+    first_int: list[float] = []
+
     def request_stop(signum, frame):  # PBS sends SIGTERM before it kills: finish the epoch, save, stop
         trainer.stop_requested = True
+        if signum != signal.SIGINT:
+            return
+        # Ctrl-C: a second one interrupts at once. A rank gets each Ctrl-C more than once within milliseconds (the
+        # terminal's process group, the launcher, the supervisor's forwarding): a second one counts after 1 s
+        if first_int and time.monotonic() - first_int[0] > 1.0:
+            raise KeyboardInterrupt
+        if not first_int:
+            first_int.append(time.monotonic())
+            if r.world.rank == 0:
+                print("\nsagips: Ctrl-C: every rank stops after an agreed epoch and saves its state (continue with "
+                      "--resume); Ctrl-C again stops at once, without it", file=sys.stderr, flush=True)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # (SIGINT: Ctrl-C, lost the epochs since the state)
+    stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # (SIGINT: Ctrl-C lost the epochs since the last state)
+    before = {sig: signal.getsignal(sig) for sig in stops}
+    for sig in stops:
         signal.signal(sig, request_stop)
     t0 = time.time()
     stopped = None
@@ -1024,6 +1051,14 @@ def _fit(r: _Run):
         r.state = trainer.fit(progress=r.member == 0)  # one bar per job (M bars garble one terminal line)
     except StopRequested as e:
         stopped, r.state = e, trainer.state
+    except KeyboardInterrupt:  # the second Ctrl-C: no state, no traceback
+        print(f"sagips: rank {r.world.rank}: interrupted again (Ctrl-C) in epoch {trainer.state.epoch + 1}: stopped "
+              f"at once; --resume continues from the last saved state", file=sys.stderr, flush=True)
+        status.failed("interrupted (Ctrl-C twice)")
+        _reported[:] = [sys.exc_info()[1]]
+        if r.world.size > 1:
+            r.world.Abort(130)
+        raise
     except FirstEpochCheckError:
         # the environment failed a first-epoch check (sagips.checks): every rank raised it at the same point, before
         # any exchange, so the collective clean-up is safe; main() prints the one line once and exits with status 2
@@ -1038,7 +1073,8 @@ def _fit(r: _Run):
             abort_job(r.world)  # does not return
         raise
     finally:  # (Ctrl-C after training, e.g. in the run end's analysis, interrupts again)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     r.wall = time.time() - t0
     return stopped
 

@@ -329,8 +329,8 @@ class Trainer:
         if saved.get("file") is None and now.get("file") is None and saved.get("layout") != now.get("layout"):
             raise ConfigError(f"--resume: the generated reference data are not the ones this run was trained on "
                               f"(layout {saved.get('layout')}; now {now.get('layout')}): a setting that makes them "
-                              f"changed (environment.true_params, environment.reference_events or --seed); resume "
-                              f"with the run's values")
+                              f"changed (environment.true_params, environment.reference_events, --seed, or the "
+                              f"environment's code); resume with the run's values")
         if saved.get("layout") != now.get("layout") or (saved.get("file") is None) != (now.get("file") is None):
             what = now.get("file") or "generated data"
             raise ConfigError(f"--resume: data file {what} is not the data this run was trained on "

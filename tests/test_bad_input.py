@@ -18,6 +18,11 @@ TINY = ["--epochs", "1", "--set", "environment.reference_events=2000", "--set", 
         "--set", "environment.events_per_sample=4", "--no-progress"]
 
 
+def outputs(out):
+    """The run's files and their bytes (not the directory's lock, sagips/io/claim.py: whose job holds it)."""
+    return {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".sagips.lock"}
+
+
 def h5(path, name="events", data=None):
     with h5py.File(path, "w") as f:
         f.create_dataset(name, data=np.full((10, 2), 0.5, np.float32) if data is None else data)
@@ -243,8 +248,8 @@ def test_a_resume_on_other_generated_data_names_the_settings_that_make_them(tmp_
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sagips: error: --resume: the generated reference data are not the "
                                                "ones this run was trained on (layout "), err
-    assert err[0].endswith("a setting that makes them changed (environment.true_params, environment.reference_events "
-                           "or --seed); resume with the run's values")
+    assert err[0].endswith("a setting that makes them changed (environment.true_params, environment.reference_events, "
+                           "--seed, or the environment's code); resume with the run's values")
 
 
 def test_a_refused_resume_leaves_the_run_untouched(tmp_path, capsys):
@@ -254,12 +259,12 @@ def test_a_refused_resume_leaves_the_run_untouched(tmp_path, capsys):
     assert main(TINY + ["--epochs", "2", "--set", "train.state_every=1", "--output-dir", str(out)]) == 0
     (out / "analysis").mkdir()
     (out / "analysis" / "summary.md").write_text("p^ +- sigma")
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = outputs(out)
     capsys.readouterr()
     assert main(TINY + ["--resume", "--epochs", "3", "--set", "environment.hidden=16", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit this config's networks" in err[0], err
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert outputs(out) == before
 
 
 @pytest.mark.parametrize("bad", [["--set", "environment.data_file=missing.h5"],
@@ -271,12 +276,12 @@ def test_overwrite_with_bad_input_leaves_the_run_untouched(tmp_path, capsys, bad
     assert main(TINY + ["--epochs", "2", "--output-dir", str(out)]) == 0
     (out / "analysis").mkdir()
     (out / "analysis" / "summary.md").write_text("p^ +- sigma")
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = outputs(out)
     capsys.readouterr()
     assert main(TINY + bad + ["--overwrite", "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sagips: error: "), err
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert outputs(out) == before
     assert main(TINY + ["--overwrite", "--output-dir", str(out)]) == 0  # (and a good one replaces it)
     assert not (out / "analysis").exists() and json.loads((out / "run.json").read_text())["epochs"] == 1
 

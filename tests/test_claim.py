@@ -60,6 +60,27 @@ def test_a_directory_held_by_another_process_is_refused_until_that_process_ends(
     p.wait()
 
 
+def test_an_in_process_run_releases_its_directory_and_a_new_holder_is_not_named_by_an_old_line(tmp_path):
+    from sagips.run import main
+    from tests.test_bad_input import TINY
+
+    out = tmp_path / "run"
+    assert main(TINY + ["--output-dir", str(out)]) == 0
+    assert claim._held == {}  # main() released it (a Python session or a test that calls main() again)
+    assert (out / claim.LOCK_NAME).read_text().startswith(f"pid {os.getpid()} on ")  # its stamp stays behind
+    code = "import sys, time\nfrom sagips.io.claim import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n" \
+           "time.sleep(60)\n"  # a new holder that has not stamped yet (still starting)
+    q = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=child_env(None),
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert q.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match=r"is in use by another job \(still starting\)"):
+            claim.claim(str(out))  # not the ended run's pid, left in the file
+    finally:
+        q.kill()
+        q.wait()
+
+
 def test_a_directory_that_cannot_be_written_is_one_line(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()

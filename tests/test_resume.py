@@ -81,12 +81,12 @@ def test_a_resume_that_changes_the_epochs_says_what_it_does_to_the_learning_rate
     cfg = load("configs/proxy1d-quick.yaml", ["train.epochs=9000"])  # (lr_final 0.1, the critic's alike)
     assert schedule_change({"train": {"epochs": 6000}}, cfg, 6000) == (
         f": the learning rates' decay (train.lr_final) now spans 9000 epochs, not 6000, so from here they are "
-        f"{lr(6000, 9000, 0.1) / lr(6000, 6000, 0.1):.2f}x those of the saved schedule (a 9000-epoch run's)")
+        f"{lr(6000, 9000, 0.1) / lr(6000, 6000, 0.1):.2f}x those of the saved schedule (as a 9000-epoch run's are here)")
     assert f"{lr(6000, 9000, 0.1) / lr(6000, 6000, 0.1):.2f}" == "2.15"
     cfg = load("configs/proxy1d-quick.yaml", ["train.epochs=500", "train.lr_d_final=1"])
     assert schedule_change({"train": {"epochs": 400}}, cfg, 400).endswith(
         f"so from here they are {lr(400, 500, 0.1) / lr(400, 400, 0.1):.2f}x (the generator's), 1.00x (the critic's) "
-        f"those of the saved schedule (a 500-epoch run's)")
+        f"those of the saved schedule (as a 500-epoch run's are here)")
     assert schedule_change({"train": {"epochs": 6000}}, load("configs/proxy1d-quick.yaml", []), 3000) == ""
     assert schedule_change({"train": {"epochs": 400}}, load(None, ["train.epochs=500"]), 400) == ""  # lr_final 1
 

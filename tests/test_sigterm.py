@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,26 @@ def test_sigterm_saves_state_and_resume_is_bit_identical(tmp_path, reference, ta
             assert torch.equal(reference[rank][k], got[rank][k]), f"rank {rank} {k} differs after the SIGTERM resume"
     m = read_metrics(out / "metrics.jsonl")
     assert [x["epoch"] for x in m] == list(range(1, EPOCHS + 1))  # nothing duplicated, nothing missing
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
+    """Ctrl-C during a long epoch stops after it; a second one a moment later stops at once (a review: one Ctrl-C
+    could no longer interrupt a long or stuck epoch). The copies of one Ctrl-C that a rank gets within milliseconds
+    (launcher, supervisor) count once: the test above stops with a state."""
+    out = tmp_path / "twice"
+    slow = ["--set", "pipeline.delay_s=4", "--set", "pipeline.delay_ranks=[0,1]"]  # epochs of 4 s
+    with job_with_state(2, [*ARGS, "--mode", MODE, "--output-dir", str(out), *slow], out, 2, 150) as p:
+        pids = rank_pids(str(out))  # (to the ranks: hydra's mpiexec takes a second Ctrl-C itself, and kills them)
+        for _ in range(2):
+            for pid in pids.values():
+                os.kill(pid, signal.SIGINT)
+            time.sleep(1.5)
+        so, se = p.communicate(timeout=60)
+    log = so + se
+    assert p.returncode not in (0, 143), log[-2000:]
+    assert "interrupted again (Ctrl-C)" in log and "stopped by a signal after epoch" not in log, log[-2000:]
+    assert "Traceback" not in log, log[-3000:]
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
 
 
 @pytest.mark.parametrize("mode,n", [("ensemble", 2), ("allreduce", 2), ("arar", 2), ("arar-arar", 4),

@@ -87,10 +87,11 @@ def test_a_worker_that_dies_on_the_signal_it_was_sent_is_told_apart_from_a_crash
 def test_ctrl_c_outside_training_is_one_line_and_the_process_dies_by_sigint(tmp_path):
     """main: a KeyboardInterrupt outside training (start-up, the run's end) was a traceback per rank; now one line,
     and the process dies by SIGINT as an uncaught interrupt does (a launcher then ends the job as before)."""
-    code = ("import sagips.run as r\n"
+    code = ("import sys\nimport sagips.run as r\n"
             "def stop(*a, **k):\n    raise KeyboardInterrupt\n"
             "r._main = stop\n"
-            "r.main(['--no-progress'])\n")
+            "sys.argv = ['sagips.run', '--no-progress']\n"
+            "r.main()\n")  # (the command line's main(); main(argv) from Python gets the exception)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")})
     assert p.returncode == -signal.SIGINT, p.stderr[-2000:]

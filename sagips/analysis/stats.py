@@ -842,7 +842,9 @@ def convergence(names: Sequence[str], epochs: Sequence[int], series: np.ndarray,
             # own movement (the data's maximum of p_i given p_j, from I^-1), whatever the correlation's size (seen:
             # proxy1d at T1, docs/benchmarks/loop_closure.md, the u valley still moving 1.7-3 bounds and the d
             # valley, -0.6 correlated with it, "converged" 3-4 sigma_ML from the data's ML fit)
-            drag = {j: abs(c[i, j] * out[j]["moved"]) * b[i] / b[j] / o["sigma"] for j in range(len(out))
+            # (against the larger of its sigma and its bound: a sigma below the data's bound, e.g. the members' part
+            # of split data, would make a shift small against the data's precision read large)
+            drag = {j: abs(c[i, j] * out[j]["moved"]) * b[i] / b[j] / max(o["sigma"], b[i]) for j in range(len(out))
                     if j != i and still[j]}
             j = max(drag, key=drag.get, default=None)
             if j is not None and drag[j] > threshold:

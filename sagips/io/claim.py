@@ -43,6 +43,7 @@ def claim(out_dir: str) -> None:
         os.close(fd)
         raise ConfigError(f"output directory {out_dir} is in use by another job ({holder}): wait until it ends, or "
                           f"choose another --output-dir") from None
+    os.ftruncate(fd, 0)  # (an ended job's line must not name it to a job refused before this one's `stamp`)
     _held[real] = fd
 
 
@@ -52,8 +53,11 @@ def stamp() -> None:
     line = (f"pid {os.getpid()} on {socket.gethostname()}, since "
             f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n").encode()
     for fd in _held.values():
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, line, 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line, 0)
+        except OSError:  # (a full disk: the run's own writes will say so; this line is only a courtesy)
+            pass
 
 
 def release_all() -> None:
