@@ -121,3 +121,16 @@ def test_a_second_job_into_a_running_jobs_directory_is_refused_and_the_first_com
         so, se = p.communicate(timeout=120)
         assert p.returncode == 0, se[-2000:]
     assert [m["epoch"] for m in read_metrics(out / "metrics.jsonl")] == list(range(1, EPOCHS + 1))
+
+
+def test_an_ensemble_job_locks_its_directory_and_each_members(tmp_path):
+    out = tmp_path / "job"
+    out.mkdir()
+    slow = ["--set", "pipeline.delay_s=3", "--set", "pipeline.delay_ranks=[0]"]  # (each member: one rank; 24 s)
+    first = [*ARGS, "--mode", "ensemble", "--ensemble-size", "2", "--output-dir", str(out), *slow]
+    with job_with_state(2, first, out / "member000", min_epoch=2) as p:
+        for target in (out, out / "member001"):  # a plain run into the job's directory, or into a member's
+            r = run_mpi(1, [*ARGS, "--mode", "ensemble", "--output-dir", str(target), "--overwrite"], timeout=120)
+            assert r.returncode == 2 and f"output directory {target} is in use by another job (pid " in r.stderr, \
+                r.stderr[-2000:]
+        assert p.poll() is None  # the job was running throughout (the context kills it)

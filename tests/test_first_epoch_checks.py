@@ -59,6 +59,20 @@ def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
         make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
 
 
+def test_density_that_is_nan_inside_the_bounds_on_measured_data(variants, tmp_path):
+    """The same density on data from a file (the first call is then the first epoch's): one line, before any step."""
+    cfg = from_dict(Config, {"train": {"epochs": 2, "log_every": 1, "progress": False, "quality_samples": 16,
+                                       "chunk_rows": 0}})
+    cfg.environment = from_dict(variants.NaNAtLargeC.Config, dict(SMALL), "environment.")
+    env = variants.NaNAtLargeC(cfg.environment, "cpu", seed=3)
+    good = from_dict(variants.Toy1D.Config, dict(SMALL), "environment.")
+    env.attach_data(*variants.Toy1D.generate_reference(good, 0), np.random.default_rng(0))  # (measured events)
+    tr = Trainer(cfg, env, 0, 1, str(tmp_path))
+    with pytest.raises(FirstEpochCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
+        tr.fit(progress=False)
+    assert tr.state.epoch == 0
+
+
 class Ramp(ParametricEnvironment):
     """A peak on a linear background (1 + slope (x - 5) / 5) / 10 on [0, 10]: negative somewhere for |slope| > 1
     (a new user's model), with bounds that allow it."""
