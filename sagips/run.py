@@ -1174,6 +1174,9 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
+    short = short_run_note(r.cfg.train, state.epoch)
+    if short and conv:
+        print(short, flush=True)
     if itself and conv:  # (no parameters logged, or one record: nothing to judge, no p^ +- sigma to quote)
         # independent ranks: the run's p^ +- sigma and its convergence diagnostic, sagips.analyze's (issue 36), which
         # run.json then keeps, as printed
@@ -1191,6 +1194,19 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
     if conv:
         print(f"sagips: convergence ({conv[1]}):\n" + "\n".join("  " + c["message"] for c in conv[0]),
               flush=True)
+
+
+def short_run_note(train, epochs: int) -> str:
+    """A note beside the run end's convergence lines where the run is shorter than 10 windows of its weight average
+    (train.ema): its rates decayed (train.lr_final) and its average lagged over a few hundred epochs, and it stops
+    moving wherever it is (make run --epochs 300: max|r| 0.31, all six parameters 'converged'); '' otherwise."""
+    if not 0.0 < train.ema < 1.0 or epochs >= 10.0 / (1.0 - train.ema):
+        return ""
+    decay = f" and its learning rates decayed to {train.lr_final:g} of their start" if train.lr_final < 1.0 else ""
+    return (f"sagips: note: {epochs} epochs is short against the weight average's ~{1.0 / (1.0 - train.ema):.0f}-epoch "
+            f"window (train.ema {train.ema:g}){decay}: a parameter that stopped moving may have stopped short of the "
+            f"data's fit; train at least {10.0 / (1.0 - train.ema):.0f} epochs to measure (docs/analysis.md, \"a run "
+            f"too short for its schedule\")")
 
 
 def truncate_metrics(path: str, epoch: int) -> None:

@@ -57,7 +57,8 @@ def copy_run(src, dst, ranks=None):
 
 def test_members_are_two_runs_with_different_weights(job):
     _, out = job
-    members = sorted(p.name for p in out.iterdir() if p.name != "analysis")  # (the job's analysis: below)
+    members = sorted(p.name for p in out.iterdir() if p.is_dir() and p.name != "analysis")  # (the job's analysis:
+    # below; the job's lock, .sagips.lock, is a file)
     assert members == ["member000", "member001"]
     infos = [json.loads((out / m / "run.json").read_text()) for m in members]
     assert [i["member"] for i in infos] == [0, 1] and all(i["world_size"] == 2 and i["mode"] == "ensemble"

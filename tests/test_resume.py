@@ -91,6 +91,22 @@ def test_a_resume_that_changes_the_epochs_says_what_it_does_to_the_learning_rate
     assert schedule_change({"train": {"epochs": 400}}, load(None, ["train.epochs=500"]), 400) == ""  # lr_final 1
 
 
+def test_a_run_shorter_than_ten_windows_of_its_weight_average_is_told_that_converged_may_mean_stopped():
+    """make run --epochs 300 ended at max|r| 0.31 with all six parameters 'converged' (its rates decayed to a tenth
+    and its weight average lagged ~200 epochs): a note says so; the preset's 6,000 epochs and a run without a weight
+    average get none."""
+    from sagips.config import load
+    from sagips.run import short_run_note
+
+    note = short_run_note(load("configs/proxy1d-quick.yaml", ["train.epochs=300"]).train, 300)
+    assert note.startswith("sagips: note: 300 epochs is short against the weight average's ~200-epoch window "
+                           "(train.ema 0.995) and its learning rates decayed to 0.1 of their start")
+    assert "train at least 2000 epochs" in note and "\n" not in note
+    assert short_run_note(load("configs/proxy1d-quick.yaml", []).train, 6000) == ""
+    assert short_run_note(load("configs/proxy1d-quick.yaml", ["train.epochs=2000"]).train, 2000) == ""
+    assert short_run_note(load(None, ["train.ema=0"]).train, 300) == ""
+
+
 def check_resumed_run(cut):
     info = json.loads((cut / "run.json").read_text())
     assert info["status"] == "complete" and info["resumes"][0]["epoch"] >= 2
