@@ -295,11 +295,11 @@ class ParametricEnvironment(Environment):
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
         self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
 
-    #: points of the box of the bounds at which the density is checked before any work: its middle, the corners of
-    #: its middle 98 % (up to 2^10; the generator's sigmoid never reaches a bound, where a width of 0 may be no
-    #: density at all) and this many others, drawn with a fixed seed (the same on every rank, which then fail alike)
+    #: points of the box of the bounds at which the density is checked before any work: its middle, its corners
+    #: 1e-6 of each range inside (up to 2^10; at a bound itself a width of 0 may be no density at all) and this many
+    #: others, drawn with a fixed seed (the same on every rank, which then fail alike)
     BOX_POINTS = 256
-    _box_checked: ClassVar[set] = set()  #: (class, bounds, support, grid) already checked in this process
+    _box_checked: ClassVar[set] = set()  #: (class, config, support, dtype) already checked in this process
 
     def _check_density_over_box(self) -> None:
         """The density's shape and sign over the whole box of the bounds, once, at the first call: the generator can
@@ -308,13 +308,13 @@ class ParametricEnvironment(Environment):
         CDF without a word, and other ranks' first calls failed mid-run with a traceback)."""
         P = len(self.names)
         lo, hi = self.pmin.double().cpu(), self.pmax.double().cpu()
-        key = (type(self), tuple(lo.tolist()), tuple(hi.tolist()), tuple(self.support), len(self.x), self.x.dtype)
+        key = (type(self), repr(self.cfg), tuple(self.support), self.x.dtype)  # (the config: bounds, what density reads)
         if key in ParametricEnvironment._box_checked:  # (the reference data build one environment per block)
             return
         u = torch.rand((self.BOX_POINTS, P), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         pts = [torch.full((1, P), 0.5, dtype=torch.float64), u]
-        if P <= 10:  # the corners of the middle 98 %
-            pts.append(0.01 + 0.98 * ((torch.arange(2 ** P)[:, None] >> torch.arange(P)) & 1).double())
+        if P <= 10:  # the corners, 1e-6 of the range inside (a sigmoid reaches 1.0 in float32 from a logit of 17)
+            pts.append(1e-6 + (1 - 2e-6) * ((torch.arange(2 ** P)[:, None] >> torch.arange(P)) & 1).double())
         unit = torch.cat(pts)
         p = (lo + unit * (hi - lo)).to(self.x.dtype).to(self.device)
         with torch.no_grad():

@@ -414,6 +414,10 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     _describe(r)
     stopped = _fit(r)
     _clean_up(r)
+    import signal
+
+    signal.signal(signal.SIGINT, r.sigint_before)  # (Ctrl-C in the run end's analysis interrupts again; SIGTERM
+    # keeps asking the ended trainer to stop: the end finishes within a batch system's kill delay)
     if stopped is not None:
         _free_node_data(r)
         if r.is_root:  # every rank saved this epoch's state: run.json says where --resume will start
@@ -470,11 +474,13 @@ def _configure(r: _Run) -> None:
                                   f"take that risk")
         # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work
         # per rank must not grow with the ranks (400 ranks reading the same files on Lustre)
-        if members > 1 and world.rank == 0 and os.path.isdir(cfg.output_dir):  # (the job's own: its analysis)
-            from sagips.io.claim import claim
+        from sagips.io.claim import claim
 
+        if members > 1 and world.rank == 0 and os.path.isdir(cfg.output_dir):  # (the job's own: its analysis)
             claim(cfg.output_dir)
         on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
+        if members > 1 and world.rank == 0:  # (a new job's directory: created by its member's claim just now)
+            claim(cfg.output_dir)
         return (on_root(comm, check_resumable, out_dir, cfg, comm.size, r.peer.mode if r.peer else None)
                 if args.resume else None)
 
@@ -1034,6 +1040,7 @@ def _fit(r: _Run):
         # Ctrl-C: a second one interrupts at once. A rank gets each Ctrl-C more than once within milliseconds (the
         # terminal's process group, the launcher, the supervisor's forwarding): a second one counts after 1 s
         if first_int and time.monotonic() - first_int[0] > 1.0:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # (this Ctrl-C's own copies must not interrupt its report)
             raise KeyboardInterrupt
         if not first_int:
             first_int.append(time.monotonic())
@@ -1041,9 +1048,8 @@ def _fit(r: _Run):
                 print("\nsagips: Ctrl-C: every rank stops after an agreed epoch and saves its state (continue with "
                       "--resume); Ctrl-C again stops at once, without it", file=sys.stderr, flush=True)
 
-    stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # (SIGINT: Ctrl-C lost the epochs since the last state)
-    before = {sig: signal.getsignal(sig) for sig in stops}
-    for sig in stops:
+    r.sigint_before = signal.getsignal(signal.SIGINT)  # (restored after _clean_up: Ctrl-C then interrupts again)
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):  # (SIGINT: Ctrl-C lost the epochs since the state)
         signal.signal(sig, request_stop)
     t0 = time.time()
     stopped = None
@@ -1072,9 +1078,6 @@ def _fit(r: _Run):
         if r.world.size > 1:
             abort_job(r.world)  # does not return
         raise
-    finally:  # (Ctrl-C after training, e.g. in the run end's analysis, interrupts again)
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
     r.wall = time.time() - t0
     return stopped
 

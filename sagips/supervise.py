@@ -55,12 +55,14 @@ def death_message(rank: int, pid: int, host: str, sig: int, sent: int | None = N
     batch system's stop), which training turns into a saved state and exit 143: a death after it is a stop before
     training began (imports, data) or after it ended, not a crash (seen: SIGABRT from the C++ runtime of a rank
     interrupted during start-up, told to look for a crash and to --resume a run that had never started)."""
-    if sent is not None:
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # (what training turns into a saved state)
+    if sent in stops and sig in (sent, signal.SIGABRT):
         after = "" if sig == sent else f" (by signal {sig}, {_name(sig)})"
         return (f"sagips: rank {rank} (pid {pid} on {host}) ended on the {_name(sent)} it was sent{after}, outside "
                 f"training (start-up or the end): nothing was lost beyond what that stop interrupted; a run that "
                 f"saved states continues with --resume")
     hint = _HINTS.get(sig)
+    hint = (hint or "") + (f"{'; ' if hint else ''}after the {_name(sent)} it was sent" if sent is not None else "")
     return (f"sagips: rank {rank} (pid {pid} on {host}) was killed by signal {sig} ({_name(sig)}"
             f"{': ' + hint if hint else ''}); the job cannot go on without it. "
             f"Continue from the last saved state with --resume.")

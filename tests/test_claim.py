@@ -124,8 +124,7 @@ def test_a_second_job_into_a_running_jobs_directory_is_refused_and_the_first_com
 
 
 def test_an_ensemble_job_locks_its_directory_and_each_members(tmp_path):
-    out = tmp_path / "job"
-    out.mkdir()
+    out = tmp_path / "job"  # (a new job's directory: its member's claim creates it, then the job claims it)
     slow = ["--set", "pipeline.delay_s=3", "--set", "pipeline.delay_ranks=[0]"]  # (each member: one rank; 24 s)
     first = [*ARGS, "--mode", "ensemble", "--ensemble-size", "2", "--output-dir", str(out), *slow]
     with job_with_state(2, first, out / "member000", min_epoch=2) as p:

@@ -82,6 +82,12 @@ def test_a_worker_that_dies_on_the_signal_it_was_sent_is_told_apart_from_a_crash
                        f"a run that saved states continues with --resume")
     assert death_message(3, 42, "h", signal.SIGABRT, signal.SIGINT).startswith(
         "sagips: rank 3 (pid 42 on h) ended on the SIGINT it was sent (by signal 6, SIGABRT), outside training")
+    # a death by another signal after a stop, or after a signal training does not handle, is still a crash
+    assert death_message(3, 42, "h", signal.SIGKILL, signal.SIGTERM) == (
+        "sagips: rank 3 (pid 42 on h) was killed by signal 9 (SIGKILL: kill -9 or the out-of-memory killer; after the "
+        "SIGTERM it was sent); the job cannot go on without it. Continue from the last saved state with --resume.")
+    assert death_message(3, 42, "h", signal.SIGHUP, signal.SIGHUP).startswith(
+        "sagips: rank 3 (pid 42 on h) was killed by signal 1 (SIGHUP: after the SIGHUP it was sent)")
 
 
 def test_ctrl_c_outside_training_is_one_line_and_the_process_dies_by_sigint(tmp_path):
