@@ -487,6 +487,15 @@ def test_a_parameter_is_not_converged_while_a_partner_still_moving_shifts_its_be
     slow[:, 0] = 1.0 + 1.5 * bound[0] / 200 * epochs
     assert [c["moving"] for c in stats.convergence(names, epochs, slow, bound, lower_bound=True, floor=bound,
                                                    correlation=corr)] == [True, False, False]
+    # a sigma below the data's bound (members' spread on split data): the shift is judged against the bound, so a
+    # shift of 0.36 bounds (rho 0.3 x 1.2 bounds) does not call a parameter with sigma 0.3 bounds unsettled
+    b2 = np.array([1e-3, 1e-3])
+    weak = np.array([[1.0, 0.3], [0.3, 1.0]])
+    pair = np.stack([1.0 + 1.2e-3 / 200 * epochs, 0.3 + 0.06e-3 / 200 * epochs], 1)  # mu 1.2 bounds, res 0.06
+    got = stats.convergence(["mu", "res"], epochs, pair, np.array([1e-3, 0.3e-3]), floor=b2, correlation=weak)
+    assert [c["moving"] for c in got] == [True, False]
+
+
     # without the data's bounds, only the valley rule (CORRELATION_WARN) applies
     assert [c["moving"] for c in stats.convergence(names, epochs, series, bound, lower_bound=True,
                                                    correlation=corr)] == [None, False, False]
