@@ -1160,6 +1160,9 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
     conv = run_end_convergence(r.out_dir, r.run_info, final_q, env.parameter_names(), None if itself else env)
     if conv and not itself:  # (a run that analyses itself stores analyze's below, or its own with the floor)
         r.run_info["convergence"] = conv[0]
+    short = short_run_note(r.cfg.train, state.epoch)
+    if short:  # (kept for a script that reads run.json; printed below)
+        r.run_info["short_run"] = short.removeprefix("sagips: note: ")
     write_run_json(r.out_dir, r.run_info)
     done = (f"\nsagips: {r.run_info['mode']} on {comm.size} rank(s), {state.epoch} epochs in {max(train_s):.1f} s "
             f"of training; outputs in {r.out_dir}")
@@ -1169,6 +1172,8 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         from sagips.analysis import job
 
         print(f"{done} (member {r.member} of {r.members})", flush=True)
+        if short and r.member == 0:  # (one line per job)
+            print(short, flush=True)
         job.job_result(r.cfg.output_dir, r.members, r.job, say=lambda m: print(m, flush=True))
         return
     table = env.summary_table(final_q) if final_q else ""
@@ -1177,7 +1182,6 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
         print(table, flush=True)
     if r.run_info.get("truth_known") is False:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
-    short = short_run_note(r.cfg.train, state.epoch)
     if short and conv:
         print(short, flush=True)
     if itself and conv:  # (no parameters logged, or one record: nothing to judge, no p^ +- sigma to quote)

@@ -110,6 +110,7 @@ def test_a_run_shorter_than_ten_windows_of_its_weight_average_is_told_that_conve
 def check_resumed_run(cut):
     info = json.loads((cut / "run.json").read_text())
     assert info["status"] == "complete" and info["resumes"][0]["epoch"] >= 2
+    assert info["short_run"].startswith(f"{EPOCHS} epochs is short against the weight average's ~200-epoch window")
     m = read_metrics(cut / "metrics.jsonl")
     assert [x["epoch"] for x in m] == list(range(1, EPOCHS + 1))  # no duplicated or missing records
     times = [x["time_s"] for x in m]
