@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import signal
 import socket
 import sys
 import time
@@ -328,8 +329,6 @@ def main(argv=None, peer=None) -> int:
         abort_job(world)
         return 1
     except KeyboardInterrupt:  # Ctrl-C outside training (training saves a state and stops: exit 143)
-        import signal
-
         if not any(isinstance(e, KeyboardInterrupt) for e in _reported):  # (not the second Ctrl-C's, said in _fit)
             status.failed("interrupted (KeyboardInterrupt)")
             print(f"sagips: rank {world.rank}: interrupted (SIGINT) outside training, during start-up or the run's "
@@ -414,8 +413,6 @@ def _main(args: argparse.Namespace, world, peer=None) -> int:
     _describe(r)
     stopped = _fit(r)
     _clean_up(r)
-    import signal
-
     signal.signal(signal.SIGINT, r.sigint_before)  # (Ctrl-C in the run end's analysis interrupts again; SIGTERM
     # keeps asking the ended trainer to stop: the end finishes within a batch system's kill delay)
     if stopped is not None:
@@ -474,12 +471,10 @@ def _configure(r: _Run) -> None:
                                   f"take that risk")
         # the run's files are read by its rank 0 only, which shares what it found (or the error): file-system work
         # per rank must not grow with the ranks (400 ranks reading the same files on Lustre)
-        from sagips.io.claim import claim
-
-        if members > 1 and world.rank == 0 and os.path.isdir(cfg.output_dir):  # (the job's own: its analysis)
-            claim(cfg.output_dir)
         on_root(comm, check_output_dir, out_dir, args.resume, args.overwrite)
-        if members > 1 and world.rank == 0:  # (a new job's directory: created by its member's claim just now)
+        if members > 1 and world.rank == 0:  # the job's own directory, its analysis's (its member's claim made it)
+            from sagips.io.claim import claim
+
             claim(cfg.output_dir)
         return (on_root(comm, check_resumable, out_dir, cfg, comm.size, r.peer.mode if r.peer else None)
                 if args.resume else None)
@@ -973,7 +968,6 @@ def _describe(r: _Run) -> None:
         if r.is_root:
             print(f"sagips: --resume: from epoch {epoch0} of {cfg.train.epochs}"
                   + schedule_change(r.prev_run.get("config") or {}, cfg, epoch0), file=sys.stderr, flush=True)
-        if r.is_root:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), epoch0)
         run_info["start_time"] = r.prev_run.get("start_time", run_info["start_time"])
         run_info["resumes"] = r.prev_run.get("resumes", []) + [{"epoch": epoch0, "time": _now()}]
@@ -1024,8 +1018,6 @@ def _describe(r: _Run) -> None:
 def _fit(r: _Run):
     """Train. Returns the StopRequested of an agreed stop (SIGTERM, SIGUSR1, SIGINT), else None. Any other error is
     reported and aborts the job here, before `_clean_up`."""
-    import signal
-
     from sagips.checks import FirstEpochCheckError
     from sagips.trainer import StopRequested
 
