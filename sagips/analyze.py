@@ -156,7 +156,7 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
     rated = [x for x in rates if x is not None]
     u, conv = group_uncertainty(g, final=final, nonclosure=nonclosure)
     known = all(r.info.get("truth_known") is not False for r in g.runs)
-    return {
+    out = {
         "name": g.name, "n_runs": n, "runs": [str(r.path) for r in g.runs],
         "modes": sorted({r.mode for r in g.runs}), "world_sizes": sorted({r.world_size for r in g.runs}),
         "labels": sorted({r.label for r in g.runs}),
@@ -187,6 +187,11 @@ def group_summary(g: GroupSeries, resamples: int, rng: np.random.Generator,
         "analysis_rate": {"per_run": rates, "mean": float(np.mean(rated)) if rated else None,
                           "std": float(np.std(rated)) if rated else None},
     }
+    if not known:  # measured data: the truth is the environment's placeholder, so is every number against it
+        out.update(truth=None, residual=None, residual_sigma=None, mean_abs_residual_1e3=None,
+                   mean_residual_sigma_1e3=None, rmse_1e3=None, rmse_vs_spread=None)
+        out["final"].update(residual_1e3=None, residual_sigma_1e3=None)
+    return out
 
 
 def rate_rows(runs, group_of: dict[str, str]) -> tuple[list[dict], list[dict]]:
@@ -237,17 +242,21 @@ def build_summary(series: list[GroupSeries], args: argparse.Namespace) -> dict[s
 
 # ------------------------------------------------------------------------------------------------ the table
 def table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """summary.csv: one row per parameter; per group its residual and 1 sigma in units of 1e-3."""
+    """summary.csv: one row per parameter; per group its residual and 1 sigma in units of 1e-3 (Table IV), then per
+    group the p^ +- sigma to quote (the first section of summary.md)."""
     header = ["parameter", "truth"]
     for g in summary["groups"]:
         header += [f"{g['name']} residual [1e-3]", f"{g['name']} sigma [1e-3]"]
+    for g in summary["groups"]:
+        header += [f"{g['name']} p_hat", f"{g['name']} p_hat sigma"]
     rows = []
-    truth = summary["groups"][0]["truth"]
     known = truth_known(summary["groups"])  # (else the truth is a placeholder: no residuals against it)
     for i, name in enumerate(summary["parameters"]):
-        row: list[Any] = [name, truth[i] if known else "unknown"]
+        row: list[Any] = [name, summary["groups"][0]["truth"][i] if known else "unknown"]
         for g in summary["groups"]:
             row += ([g["final"]["residual_1e3"][i], g["final"]["residual_sigma_1e3"][i]] if known else ["", ""])
+        for g in summary["groups"]:
+            row += [g["uncertainty"]["p_hat"][i], g["uncertainty"]["sigma"][i]]
         rows.append(row)
     return header, rows
 

@@ -190,10 +190,14 @@ def saved_config(output_dir: str | None) -> dict:
         if os.path.exists(cand):
             try:
                 with open(cand) as fh:
-                    cfg = json.load(fh)["config"]
-            except (OSError, json.JSONDecodeError, KeyError) as e:
+                    info = json.load(fh)
+                cfg = info["config"]
+            except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ConfigError(f"--resume: cannot read the config in {cand} ({e})") from None
             cfg.pop("output_dir", None)
+            env = cfg.get("environment") if isinstance(cfg.get("environment"), dict) else {}
+            if env.get("data_file") and not os.path.isabs(env["data_file"]) and info.get("data_file"):
+                env["data_file"] = info["data_file"]  # (a run from before the config kept it absolute)
             return cfg
     raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
 
@@ -440,6 +444,9 @@ def _configure(r: _Run) -> None:
     # an error of every rank, not a rank that exits while the others wait in the next collective
     r.cfg = cfg = agree(world, lambda: load(args.config, args.set, flags, base=base), error=ConfigError)
     r.cfg = cfg = truth_of_the_data(r, cfg, flags, base)
+    if getattr(cfg.environment, "data_file", None) and not os.path.isabs(cfg.environment.data_file):
+        # run.json's config names the file wherever the job started from: --resume works from any directory
+        cfg.environment.data_file = os.path.abspath(cfg.environment.data_file)
 
     # ensemble members: independent runs in sub-communicators of the world
     r.members = members = cfg.ensemble.members
@@ -1135,6 +1142,14 @@ def _finish(r: _Run) -> None:
     comm.Free()
 
 
+def predicted_table(names, params) -> str:
+    """The end of a run on measured data: the parameters it predicts, without a truth or residuals."""
+    names = names or [f"r_{i}" for i in range(len(params))]  # (an environment that names none: proxy1d's r_i)
+    w = max(9, *(len(n) for n in names))
+    return "\n".join([f"  {'parameter':{w}s}  {'predicted':>12s}", "  " + "-" * (w + 14),
+                      *(f"  {n:{w}s}  {float(p):+12.6g}" for n, p in zip(names, params))])
+
+
 def _report(r: _Run, final_q, train_s, walls, stats) -> None:
     """Rank 0: run.json's summary, the convergence diagnostic and the table."""
     from sagips.io import refdata
@@ -1168,11 +1183,13 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
             print(short, flush=True)
         job.job_result(r.cfg.output_dir, r.members, r.job, say=lambda m: print(m, flush=True))
         return
-    table = env.summary_table(final_q) if final_q else ""
+    measured = r.run_info.get("truth_known") is False  # (the truth is a placeholder: no residual against it)
+    table = (predicted_table(env.parameter_names(), final_q["params"]) if measured else env.summary_table(final_q)) \
+        if final_q else ""
     print(f"{done}; the table is the mean of all {comm.size} rank(s)' generators", flush=True)
     if table:
         print(table, flush=True)
-    if r.run_info.get("truth_known") is False:
+    if measured:
         print(f"sagips: note: {refdata.NO_TRUTH}", flush=True)
     if short and conv:
         print(short, flush=True)

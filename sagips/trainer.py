@@ -331,11 +331,17 @@ class Trainer:
                               f"(layout {saved.get('layout')}; now {now.get('layout')}): a setting that makes them "
                               f"changed (environment.true_params, environment.reference_events, --seed, or the "
                               f"environment's code); resume with the run's values")
-        if saved.get("layout") != now.get("layout") or (saved.get("file") is None) != (now.get("file") is None):
-            what = now.get("file") or "generated data"
-            raise ConfigError(f"--resume: data file {what} is not the data this run was trained on "
-                              f"({saved.get('file') or 'generated data'}, layout {saved.get('layout')}; now "
-                              f"{now.get('layout')}); resume with the original file")
+        if saved.get("file") and not now.get("file"):
+            raise ConfigError(f"--resume: the run was trained on data file {saved['file']}, and this resume's "
+                              f"settings generate the data instead: add --set environment.data_file={saved['file']}, "
+                              f"or resume without --config (it takes the run's own settings)")
+        if now.get("file") and not saved.get("file"):
+            raise ConfigError(f"--resume: the run was trained on generated data, not on data file {now['file']}: "
+                              f"resume without environment.data_file")
+        if saved.get("layout") != now.get("layout"):  # (two files)
+            raise ConfigError(f"--resume: data file {now['file']} is not the data this run was trained on "
+                              f"({saved['file']}, layout {saved.get('layout')}; now {now.get('layout')}); resume "
+                              f"with the original file")
         saved, now = {"share": "rank", **saved}, {"share": "rank", **now}  # (a state from before data.share)
         diff = [k for k in ("seed", "member", "rank", "subset_fraction", "subset", "share", "node", "split")
                 if saved.get(k) != now.get(k)]

@@ -136,12 +136,15 @@ def test_csv_matches_json(analysis):
     rep, s = analysis
     rows = list(csv.reader((rep / "summary.csv").open()))
     assert rows[0] == ["parameter", "truth", "2 ranks residual [1e-3]", "2 ranks sigma [1e-3]",
-                       "1 rank residual [1e-3]", "1 rank sigma [1e-3]"]
+                       "1 rank residual [1e-3]", "1 rank sigma [1e-3]", "2 ranks p_hat", "2 ranks p_hat sigma",
+                       "1 rank p_hat", "1 rank p_hat sigma"]
     assert [r[0] for r in rows[1:]] == [f"r_{i}" for i in range(6)]
     for j, g in enumerate(s["groups"]):
-        fin = g["final"]
+        fin, u = g["final"], g["uncertainty"]
         np.testing.assert_allclose([float(r[2 + 2 * j]) for r in rows[1:]], fin["residual_1e3"], rtol=1e-12)
         np.testing.assert_allclose([float(r[3 + 2 * j]) for r in rows[1:]], fin["residual_sigma_1e3"], rtol=1e-12)
+        np.testing.assert_allclose([float(r[6 + 2 * j]) for r in rows[1:]], u["p_hat"], rtol=1e-12)
+        np.testing.assert_allclose([float(r[7 + 2 * j]) for r in rows[1:]], u["sigma"], rtol=1e-12)
     np.testing.assert_allclose([float(r[1]) for r in rows[1:]], s["groups"][0]["truth"])
 
 

@@ -4,6 +4,7 @@ its statistical error; the run prints and records the value, and computes it ali
 from __future__ import annotations
 
 import json
+import re
 import math
 
 import h5py
@@ -103,6 +104,9 @@ def test_a_run_sizes_it_from_the_data_it_keeps(site, tmp_path):
 
     assert info["truth_known"] is True and info_file["truth_known"] is False
     assert NO_TRUTH in r_file.stdout and NO_TRUTH not in r.stdout
+    # its table: the predicted values only, no truth (a placeholder) and no residuals against it
+    assert "residual" not in r_file.stdout.split("generators")[1].split("sagips: note")[0]
+    assert re.search(r"parameter +predicted\n", r_file.stdout) and "residual (p-p^)/p" in r.stdout
     with h5py.File(path, "a") as f:  # a file that names its truth, as python -m sagips.data writes one
         f.attrs["true_params"] = [1.0, 0.2]
     assert truth_known(path) and truth_known(None)

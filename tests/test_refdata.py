@@ -46,6 +46,9 @@ def _write(path, name="events", data=None):
     ("nan", "NaN/Inf"),
     ("inf", "NaN/Inf"),
     ("empty", "shape"),
+    ("flat", "shape (20,), expected (N>0, 2) (h5py: f['events'] = x.reshape(-1, 2))"),
+    ("ints", "holds int64 values, not floats"),
+    ("not_hdf5", "reference data are read from HDF5 only"),
 ])
 def test_bad_files(tmp_path, case, fragment):
     p = tmp_path / "d.h5"
@@ -57,6 +60,13 @@ def test_bad_files(tmp_path, case, fragment):
         _write(p, data=np.ones((10, 3), np.float32))
     elif case == "empty":
         _write(p, data=np.ones((0, 2), np.float32))
+    elif case == "flat":
+        _write(p, data=np.ones(20, np.float32))
+    elif case == "ints":
+        _write(p, data=np.ones((10, 2), np.int64))
+    elif case == "not_hdf5":
+        with open(p, "wb") as fh:  # (a .npy's bytes under the name the user gave)
+            np.save(fh, np.ones((10, 2), np.float32))
     elif case in ("nan", "inf"):
         d = np.ones((10, 2), np.float32)
         d[4, 1] = np.nan if case == "nan" else np.inf
@@ -64,6 +74,20 @@ def test_bad_files(tmp_path, case, fragment):
     with pytest.raises(DataError) as exc:
         read_reference(p, SPEC)
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_parameter_names_as_a_string_or_an_array(tmp_path):
+    """attribute parameter_names: the comma-separated string sagips.data writes, or an array of strings (h5py's way
+    of writing a list), read alike; the truth comes with them."""
+    from sagips.io.refdata import file_truth
+
+    for i, names in enumerate(("c, a,b", ["c", "a", "b"], np.array([b"c", b"a", b"b"]))):
+        p = tmp_path / f"t{i}.h5"
+        with h5py.File(p, "w") as f:
+            f["events"] = np.ones((10, 1), np.float32)
+            f.attrs["true_params"] = [0.9, 1.7, 0.3]
+            f.attrs["parameter_names"] = names
+        assert file_truth(p) == ([0.9, 1.7, 0.3], ["c", "a", "b"]), names
 
 
 def test_a_file_open_for_writing_elsewhere_is_named_so(tmp_path, monkeypatch):

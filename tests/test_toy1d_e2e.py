@@ -107,6 +107,57 @@ def test_the_truth_of_a_data_file_made_elsewhere_is_the_runs(env, tmp_path, monk
     assert "its true_params have 2 values, environment 'toy1d' has 3 parameters (a, b, c)" in lines[0], lines[0]
 
 
+def test_a_truth_named_by_an_array_and_a_relative_data_path(env, tmp_path, monkeypatch):
+    """A user's own file names its parameters as an array of strings (h5py's way of writing a list): the truth is
+    taken by name, and names the environment does not have are one line (both were ignored: the truth was read by
+    position). A relative data_file is kept absolute in run.json, so --resume works from another directory."""
+    import subprocess
+    import sys
+
+    import h5py
+
+    from sagips.data import main as data_main
+    from tests._mpirun import child_env
+
+    add_to_sys_path(env[1], monkeypatch)
+    (tmp_path / "d").mkdir()
+    data = tmp_path / "d" / "b.h5"
+    assert data_main(["toy1d", "--out", str(data), "--events", "20000", "--set", "true_params.b=0.3"]) == 0
+    with h5py.File(data, "a") as f:
+        f.attrs["true_params"] = [0.9, 1.7, 0.3]
+        f.attrs["parameter_names"] = ["c", "a", "b"]
+
+    def run(args, cwd, tiny=TINY):
+        return subprocess.run([sys.executable, *tiny, *args], cwd=cwd, env=child_env(env[0]), capture_output=True,
+                              text=True, timeout=120)
+
+    out = tmp_path / "run"
+    r = run(["--epochs", "2", "--set", "environment.data_file=d/b.h5", "--output-dir", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads((out / "run.json").read_text())
+    assert info["truth"] == [1.7, 0.3, 0.9]
+    assert info["config"]["environment"]["data_file"] == str(data)
+    (tmp_path / "elsewhere").mkdir()
+    # with --config, a resume takes that config's settings: the data file is named by the one line
+    r = run(["--resume", "--epochs", "4", "--output-dir", str(out)], tmp_path / "elsewhere")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert (f"the run was trained on data file {data}, and this resume's settings generate the data instead: add "
+            f"--set environment.data_file={data}, or resume without --config") in lines[0], lines[0]
+    # without it, the run's own settings (the run was started from another directory)
+    r = run(["--resume", "--epochs", "4", "--output-dir", str(out)], tmp_path / "elsewhere",
+            ["-m", "sagips.run", "--no-progress"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["epochs"] == 4
+    with h5py.File(data, "a") as f:
+        f.attrs["parameter_names"] = ["x", "y", "z"]
+    r = run(["--epochs", "1", "--set", f"environment.data_file={data}", "--output-dir", str(tmp_path / "bad")],
+            tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "its true_params are for parameters x, y, z, environment 'toy1d' has a, b, c" in lines[0], lines[0]
+
+
 def test_measured_events_outside_the_support_are_refused_in_one_line(env, tmp_path, monkeypatch):
     """Events of a data file that lie outside the density's support (where no synthetic event can be) end the run
     with one line that counts them, on 1 and 2 ranks; an edge event is inside."""

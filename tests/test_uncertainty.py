@@ -171,9 +171,16 @@ def test_measured_data_without_a_truth_get_no_pulls(tmp_path, truth):
     assert "| Residual [10⁻³] |" not in md and f"Not shown here: {NO_TRUTH_ANALYSIS}." in md
     g = json.loads((tmp_path / "rep" / "summary.json").read_text())["groups"][0]
     assert g["truth_known"] is False and g["uncertainty"]["pull"] == [None] * 6
-    # no residual against the placeholder: not in the CSV, nor in a figure; p̂ ± σ's figure draws no truth
-    assert [ln.split(",")[1:] for ln in (tmp_path / "rep" / "summary.csv").read_text().splitlines()[1:7]] == [
-        ["unknown", "", ""]] * 6
+    # nothing against the placeholder truth in the JSON: neither the truth nor a residual
+    assert g["truth"] is None and g["residual"] is None and g["rmse_1e3"] is None and g["rmse_vs_spread"] is None
+    assert g["final"]["residual_1e3"] is None and g["final"]["residual_sigma_1e3"] is None
+    # no residual against the placeholder in the CSV either, nor in a figure; p̂ ± σ's figure draws no truth; the
+    # CSV holds p̂ ± σ, the numbers to quote
+    rows = [ln.split(",") for ln in (tmp_path / "rep" / "summary.csv").read_text().splitlines()]
+    assert rows[0][-2:] == [f"{g['name']} p_hat", f"{g['name']} p_hat sigma"]
+    assert [r[1:4] for r in rows[1:7]] == [["unknown", "", ""]] * 6
+    np.testing.assert_allclose([[float(r[-2]), float(r[-1])] for r in rows[1:7]],
+                               np.c_[g["uncertainty"]["p_hat"], g["uncertainty"]["sigma"]], rtol=1e-12)
     assert sorted(p.name for p in (tmp_path / "rep").glob("*.png")) == ["uncertainty.png"]
     assert "![uncertainty](uncertainty.png)" in md and "residuals_vs_time" not in md
 

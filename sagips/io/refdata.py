@@ -30,8 +30,9 @@ def write_reference(path: str | os.PathLike, arrays: dict[str, np.ndarray], attr
 
 
 #: the note of a run, or an analysis, on data that name no truth
-NO_TRUTH = ("the data file names no truth (no attribute true_params: measured data), so 'true', the residuals and "
-            "the pulls are against the environment's true_params, a placeholder; quote p̂ ± σ from sagips.analyze")
+NO_TRUTH = ("the data file names no truth (no attribute true_params: measured data), so the table has no truth or "
+            "residuals (run.json's are against the environment's true_params, a placeholder); quote p̂ ± σ from "
+            "sagips.analyze")
 #: the same, in sagips.analyze's own report (which shows no residual or pull against the placeholder)
 NO_TRUTH_ANALYSIS = ("the data file names no truth (no attribute true_params: measured data), so there is nothing to "
                      "compute residuals or pulls against: p̂ ± σ is the result to quote")
@@ -73,13 +74,24 @@ def file_truth(data_file: str | os.PathLike | None) -> tuple[list[float], list[s
     if values is None or values.size == 0 or not np.all(np.isfinite(values)):
         raise DataError(f"data file {data_file}: attribute true_params is {raw!r}, not a list of finite numbers (fix "
                         f"it, or delete the attribute for measured data of unknown truth)")
-    if isinstance(names, bytes):
-        names = names.decode()
-    names = [n.strip() for n in names.split(",")] if isinstance(names, str) and names.strip() else None
+    names = attr_names(names)
     if names is not None and len(names) != values.size:
         raise DataError(f"data file {data_file}: attribute parameter_names names {len(names)} parameters, "
                         f"true_params has {values.size} values")
     return [float(v) for v in values], names
+
+
+def attr_names(raw) -> list[str] | None:
+    """Attribute parameter_names as a list of names: one comma-separated string (as `python -m sagips.data` writes
+    it) or an array of strings (as h5py writes a Python list of them); None where it has none."""
+    if raw is None:
+        return None
+    items = [raw] if isinstance(raw, (str, bytes)) else np.asarray(raw, dtype=object).reshape(-1).tolist()
+    items = [x.decode() if isinstance(x, bytes) else str(x) for x in items]
+    if len(items) == 1:
+        items = items[0].split(",")
+    names = [n.strip() for n in items]
+    return names if any(names) else None
 
 
 def open_reference(path: str):
@@ -104,7 +116,9 @@ def open_reference(path: str):
             raise DataError(f"data file {path}: the file system refuses HDF5's file lock ({why[:120]}): set "
                             f"HDF5_USE_FILE_LOCKING=FALSE in the job's environment") from None
         why = why if len(why) <= 160 else why[:159] + "…"
-        raise DataError(f"data file {path}: not a readable HDF5 file ({why})") from None
+        raise DataError(f"data file {path}: not a readable HDF5 file ({why}); reference data are read from HDF5 only: "
+                        f"write the events with h5py as a float dataset 'events' of shape (N, columns) "
+                        f"(docs/environments.md)") from None
 
 
 def checked_dataset(f, path: str, name: str, cols: int):
@@ -116,7 +130,12 @@ def checked_dataset(f, path: str, name: str, cols: int):
         raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
     ds = f[name]
     if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
-        raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})")
+        raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})"
+                        + (f" (h5py: f['{name}'] = x.reshape(-1, {cols}))" if ds.ndim != 2 and ds.size and ds.size % cols == 0 else ""))
+    if ds.dtype.kind != "f":  # integers are binned or quantised values: the samplers model continuous events
+        raise DataError(f"data file {path}: dataset '{name}' holds {ds.dtype} values, not floats: events are read "
+                        f"as continuous values, so integers (bin numbers, ADC channels) would be fitted as spikes; "
+                        f"convert calibrated values to float (x.astype('float64')) and write them again")
     if ds.is_virtual:  # HDF5 reads the rows of a missing source file as its fill value, without an error
         here = os.path.dirname(os.path.abspath(path))
         for src in ds.virtual_sources():
