@@ -263,7 +263,11 @@ class ParametricEnvironment(Environment):
                  ("bounds", Any, opt({k: list(v) for k, v in params.items()},
                                      ParametricConfig.__dataclass_fields__["bounds"].metadata["help"]))],
                 bases=(parent if isinstance(parent, type) and issubclass(parent, base) else base,),
-                namespace={"env_parameters": dict(params), "env_truth": dict(truth), "__module__": cls.__module__})
+                namespace={"env_parameters": dict(params), "env_truth": dict(truth), "__module__": cls.__module__,
+                           # a parameter's name given as a key: its truth or its bounds were meant
+                           "unknown_key_hints": {**base.unknown_key_hints, **{
+                               n: f"{n} is a parameter: its truth is environment.true_params.{n} (sagips.data: --set "
+                                  f"true_params.{n}=VALUE), its range environment.bounds.{n}" for n in params}}})
 
     # -- the user's physics (one of the two) --------------------------------------------------------------------
     def density(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -290,7 +294,7 @@ class ParametricEnvironment(Environment):
                 round(cfg.subset_fraction * cfg.reference_events), cfg.param_samples, default_ema))
         else:
             self._set_events_per_sample(cfg.events_per_sample)
-        self._density_checked = False
+        self._first_call_checked = False
         #: environment.precondition=fisher: the generator's gradient times I^(-1/2) (sagips/precondition.py)
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
         self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
@@ -306,20 +310,48 @@ class ParametricEnvironment(Environment):
         reach any point of it, and the step reads no device value to check each call (a new user's density, negative
         for |slope| > 1 inside bounds of +-2: rank 0's first call passed, later ones sampled from a non-monotonic
         CDF without a word, and other ranks' first calls failed mid-run with a traceback)."""
-        P = len(self.names)
-        lo, hi = self.pmin.double().cpu(), self.pmax.double().cpu()
         key = (type(self), repr(self.cfg), tuple(self.support), self.x.dtype)  # (the config: bounds, what density reads)
         if key in ParametricEnvironment._box_checked:  # (the reference data build one environment per block)
             return
+        p = self._box_points(self.x.dtype)
+        with torch.no_grad():
+            for start in range(0, len(p), 64):
+                self._check_density(self.density(p[start:start + 64], self.x), p[start:start + 64], self.x)
+        ParametricEnvironment._box_checked.add(key)
+
+    def _box_points(self, dtype: torch.dtype) -> torch.Tensor:
+        """The points of the box of the bounds that the first call checks (BOX_POINTS), physical, on the device."""
+        P = len(self.names)
+        lo, hi = self.pmin.double().cpu(), self.pmax.double().cpu()
         u = torch.rand((self.BOX_POINTS, P), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         pts = [torch.full((1, P), 0.5, dtype=torch.float64), u]
         if P <= 10:  # the corners, 1e-6 of the range inside (a sigmoid reaches 1.0 in float32 from a logit of 17)
             pts.append(1e-6 + (1 - 2e-6) * ((torch.arange(2 ** P)[:, None] >> torch.arange(P)) & 1).double())
-        unit = torch.cat(pts)
-        p = (lo + unit * (hi - lo)).to(self.x.dtype).to(self.device)
+        return (lo + torch.cat(pts) * (hi - lo)).to(dtype).to(self.device)
+
+    #: events per point of the box at which a simulator is checked, from uniforms of a fixed seed
+    BOX_EVENTS = 64
+
+    def _check_simulator_over_box(self, dtype: torch.dtype) -> None:
+        """A simulator's events are finite over the whole box of the bounds, once, at the first call (a new user's
+        simulator, NaN for a width below 0.3 inside bounds from 0.2, trained until the generator went there, then
+        failed with a traceback that blamed the learning rates)."""
+        key = (type(self), repr(self.cfg), tuple(self.support or ()), dtype)
+        if key in ParametricEnvironment._box_checked:
+            return
+        p = self._box_points(dtype)
+        gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for start in range(0, len(p), 64):
-                self._check_density(self.density(p[start:start + 64], self.x), p[start:start + 64], self.x)
+                pc = p[start:start + 64]
+                u = torch.rand((len(pc), self.BOX_EVENTS, self.n_uniforms or self.event_width), generator=gen,
+                               dtype=dtype).to(self.device)
+                bad = ~torch.isfinite(self.simulate(pc, u)).reshape(len(pc), -1).all(-1)
+                if bool(bad.any()):
+                    named = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.names, pc[int(bad.nonzero()[0, 0])].tolist()))
+                    raise EnvironmentCheckError(f"simulate: NaN or infinite events at {named} (inside the bounds, "
+                                                f"where the generator can go): narrow the bounds (`parameters`, or "
+                                                f"environment.bounds) or fix the simulator there")
         ParametricEnvironment._box_checked.add(key)
 
     def _set_events_per_sample(self, n: int) -> None:
@@ -348,7 +380,7 @@ class ParametricEnvironment(Environment):
         if self.pipeline_method == "density":
             x = self.x.to(p.dtype)
             f = self.density(p, x)
-            if not self._density_checked:  # (the first call, on every rank alike)
+            if not self._first_call_checked:  # (the first call, on every rank alike)
                 self._check_density(f, p, x)
                 self._check_density_over_box()
             _, cdf = normalized_cdf(f, x)
@@ -360,6 +392,9 @@ class ParametricEnvironment(Environment):
         if not torch.is_tensor(ev) or tuple(ev.shape) != want:
             raise EnvironmentCheckError(f"simulate: expected events of shape (B, E, event_width) = {want} for p "
                                         f"{tuple(p.shape)} and u {tuple(u.shape)}, got {self._shape_hint(ev, want)}")
+        if not self._first_call_checked:  # (the first call, on every rank alike)
+            self._check_simulator_over_box(p.dtype)
+            self._first_call_checked = True
         if self.clips_events:  # a detector's range: events outside it land on its edges (no gradient there)
             ev = ev.clamp(*self.support)
         return ev
@@ -403,7 +438,7 @@ class ParametricEnvironment(Environment):
             raise EnvironmentCheckError(f"density: {what} values at {named} (inside the bounds): a density must be "
                                         f"finite and >= 0 with a positive integral over the support; narrow "
                                         f"the bounds (`parameters`, or environment.bounds) or fix the formula")
-        self._density_checked = True
+        self._first_call_checked = True
 
     # -- reference data -----------------------------------------------------------------------------------------
     @classmethod
@@ -422,6 +457,11 @@ class ParametricEnvironment(Environment):
                 m = min(chunk, n - start)
                 u = torch.rand((1, m, cls.n_uniforms or cls.event_width), generator=gen, dtype=torch.float32)
                 out[start:start + m] = env._events(p, u)[0].numpy()
+        bad = int((~np.isfinite(out)).reshape(n, -1).any(-1).sum())
+        if bad:  # (a NaN only near the truth can slip between the box's points)
+            raise EnvironmentCheckError(f"simulate: {bad} of {n} reference events at the truth ("
+                                        + ", ".join(f"{k}={cfg.true_params[k]:.4g}" for k in env.names)
+                                        + ") are NaN or infinite: fix the simulator there")
         attrs = {"true_params": np.asarray([cfg.true_params[k] for k in env.names], dtype=np.float64),
                  "parameter_names": ",".join(env.names)}
         return {"events": out}, attrs

@@ -369,10 +369,13 @@ def abort_job(world) -> None:
     """One rank failed: print its traceback, naming the rank, and abort the whole job (never leave the others
     hanging in a collective). Call it from inside the `except` block that caught the error; a second call (the
     error raised on to main while MPI_Abort tears the job down) prints nothing again."""
+    from sagips.trainer import NonFiniteError
+
     error = sys.exc_info()[1]
     if not any(e is error for e in _reported):
         _reported[:] = [error]
-        sys.stderr.write(f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.write(f"sagips: error: {error}\n" if isinstance(error, NonFiniteError) else  # (says it all)
+                         f"sagips: rank {world.rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()
         status.failed(f"rank {world.rank}: {failure_line(error)}")
     if world.size > 1:
@@ -549,21 +552,24 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
     if found is None:
         return cfg
     values, names = found
+    # (a file of another environment: the run's may be the default, proxy1d, where environment.name was not set)
+    other = ": is it a file of another environment? set environment.name to that one"
     if isinstance(current, dict):  # a ParametricEnvironment's: name -> value
         order = list(current)
         if len(values) != len(order):
             raise DataError(f"data file {data_file}: its true_params have {len(values)} values, environment "
-                            f"{cfg.environment.name!r} has {len(order)} parameters ({', '.join(order)})")
+                            f"{cfg.environment.name!r} has {len(order)} parameters ({', '.join(order)}){other}")
         names = names or order
         if sorted(names) != sorted(order):
             raise DataError(f"data file {data_file}: its true_params are for parameters {', '.join(names)}, "
-                            f"environment {cfg.environment.name!r} has {', '.join(order)}")
+                            f"environment {cfg.environment.name!r} has {', '.join(order)}{other}")
         truth: dict | list = {n: dict(zip(names, values))[n] for n in order}
         was = [float(current[n]) for n in order]
     else:
         if len(values) != len(current):
-            raise DataError(f"data file {data_file}: its true_params have {len(values)} values, environment "
-                            f"{cfg.environment.name!r} has {len(current)} parameters")
+            raise DataError(f"data file {data_file}: its true_params have {len(values)} values"
+                            + (f" (for {', '.join(names)})" if names else "")
+                            + f", environment {cfg.environment.name!r} has {len(current)} parameters{other}")
         truth, was = list(values), [float(v) for v in current]
     now = list(truth.values()) if isinstance(truth, dict) else truth
     if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(now, was)):

@@ -100,7 +100,7 @@ def rank_seeds(seed: int, member: int, rank: int) -> tuple[int, int]:
 
 
 class NonFiniteError(RuntimeError):
-    """Too many generator steps in a row had non-finite gradients."""
+    """Too many generator steps in a row had non-finite gradients (its message says all: no traceback)."""
 
 
 class StopRequested(Exception):
@@ -478,8 +478,20 @@ class Trainer:
         limit = self.cfg.train.max_bad_steps
         if counts["worst"] >= limit:
             raise NonFiniteError(f"rank {self.rank}: {counts['worst']} generator steps in a row had NaN/Inf "
-                                 f"gradients (seen at epoch {epoch}, train.max_bad_steps={limit}); "
-                                 f"lower the learning rates or check the pipeline and data")
+                                 f"gradients (seen at epoch {epoch}, train.max_bad_steps={limit}){self._where()}: "
+                                 f"check the pipeline there (a simulator's or density's value or gradient), or "
+                                 f"narrow environment.bounds; if it is finite there, lower the learning rates")
+
+    def _where(self) -> str:
+        """', with the generator at a=1.2, b=...': the parameters the generator predicts now (the steps that gave NaN
+        were skipped, so its weights are finite), for a NaN of the pipeline in one corner of the bounds."""
+        try:
+            with torch.no_grad():
+                p = self.env.quality(unwrap(self.G), 256)["params"]
+            names = self.env.parameter_names() or [f"r_{i}" for i in range(len(p))]
+            return ", with the generator at " + ", ".join(f"{n}={float(v):.4g}" for n, v in zip(names, p))
+        except Exception:  # (the message stands without it)
+            return ""
 
     @property
     def bad_steps(self) -> int:

@@ -100,7 +100,7 @@ CASES = [
      ["--output-dir", "is a file, not a directory"]),
     # a data file's truth is the run's (python -m sagips.data writes it): one that cannot be is one line
     ("data's truth: 5 values", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 1.0, -0.5])),
-     ["true_params have 5 values", "6 parameters"]),
+     ["true_params have 5 values", "6 parameters: is it a file of another environment? set environment.name"]),
     ("data's truth: NaN", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, np.nan, -0.5, 4.0])),
      ["attribute true_params", "not a list of finite numbers"]),
     ("data's truth: words", [], lambda t, o: _data(_truth(t, "p0=2")),

@@ -75,3 +75,23 @@ def test_a_failure_line_names_the_operating_systems_error_that_a_library_wrapped
         assert failure_line(e) == ("RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 5120 vs "
                                    "5072 (caused by OSError: No space left on device)")
     assert failure_line(ValueError("bad")) == "ValueError: bad"  # nothing wrapped: the line alone
+
+
+def test_a_run_stopped_by_nan_gradients_is_one_line_and_a_crash_keeps_its_traceback(capsys, monkeypatch):
+    """NonFiniteError's message says what happened and where the generator was: one line, no traceback (a new
+    user's simulator, NaN in a corner of its bounds, ended in 30 lines); any other error keeps its traceback."""
+    from sagips import run
+    from sagips.io import status
+    from sagips.trainer import NonFiniteError
+
+    monkeypatch.setattr(status, "failed", lambda *a, **k: None)
+    world = type("World", (), {"rank": 0, "size": 1})()
+    for error in (NonFiniteError("rank 0: 14 generator steps in a row had NaN/Inf gradients"), ValueError("bug")):
+        try:
+            raise error
+        except Exception:
+            run.abort_job(world)
+    err = capsys.readouterr().err
+    assert err.startswith("sagips: error: rank 0: 14 generator steps in a row had NaN/Inf gradients\n"
+                          "sagips: rank 0 failed:\nTraceback")
+    assert err.rstrip().endswith("ValueError: bug")

@@ -61,7 +61,8 @@ def test_non_finite_gradient_is_dropped_then_stops(tmp_path):
     tr.step(3)
     tr.step(4)
     tr.step(5)
-    with pytest.raises(NonFiniteError, match=r"5 generator steps in a row .*epoch 6.*max_bad_steps=3"):
+    with pytest.raises(NonFiniteError, match=r"5 generator steps in a row .*epoch 6.*max_bad_steps=3\), with the "
+                                             r"generator at r_0=.*, r_5=[^,]*: check the pipeline there"):
         tr.step(6)
 
 
