@@ -58,15 +58,20 @@ def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
         make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
 
 
-def test_density_that_is_nan_inside_the_bounds_on_measured_data(variants, tmp_path):
-    """The same density on data from a file (the first call is then the first epoch's): one line, before any step."""
+def on_measured_data(env_cls, good_cls, tmp_path):
+    """A trainer of `env_cls` on events that `good_cls` made (measured data: its first call is the first epoch's)."""
     cfg = from_dict(Config, {"train": {"epochs": 2, "log_every": 1, "progress": False, "quality_samples": 16,
                                        "chunk_rows": 0}})
-    cfg.environment = from_dict(variants.NaNAtLargeC.Config, dict(SMALL), "environment.")
-    env = variants.NaNAtLargeC(cfg.environment, "cpu", seed=3)
-    good = from_dict(variants.Toy1D.Config, dict(SMALL), "environment.")
-    env.attach_data(*variants.Toy1D.generate_reference(good, 0), np.random.default_rng(0))  # (measured events)
-    tr = Trainer(cfg, env, 0, 1, str(tmp_path))
+    cfg.environment = from_dict(env_cls.Config, dict(SMALL), "environment.")
+    env = env_cls(cfg.environment, "cpu", seed=3)
+    good = from_dict(good_cls.Config, dict(SMALL), "environment.")
+    env.attach_data(*good_cls.generate_reference(good, 0), np.random.default_rng(0))
+    return Trainer(cfg, env, 0, 1, str(tmp_path))
+
+
+def test_density_that_is_nan_inside_the_bounds_on_measured_data(variants, tmp_path):
+    """The same density on data from a file (the first call is then the first epoch's): one line, before any step."""
+    tr = on_measured_data(variants.NaNAtLargeC, variants.Toy1D, tmp_path)
     with pytest.raises(FirstEpochCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
         tr.fit(progress=False)
     assert tr.state.epoch == 0
@@ -86,13 +91,7 @@ def test_a_simulator_nan_in_a_corner_of_the_box_is_one_line_before_any_work(vari
     everywhere = variants.InfSlope  # (infinite at every point: the box's middle says so first)
     with pytest.raises(EnvironmentCheckError, match=r"^simulate: NaN or infinite events at m=1\.75 \(inside"):
         make_trainer(everywhere, tmp_path)
-    cfg = from_dict(Config, {"train": {"epochs": 2, "log_every": 1, "progress": False, "quality_samples": 16,
-                                       "chunk_rows": 0}})
-    cfg.environment = from_dict(low.Config, dict(SMALL), "environment.")
-    env = low(cfg.environment, "cpu", seed=3)
-    good = from_dict(variants.Slope.Config, dict(SMALL), "environment.")
-    env.attach_data(*variants.Slope.generate_reference(good, 0), np.random.default_rng(0))  # (measured events)
-    tr = Trainer(cfg, env, 0, 1, str(tmp_path))
+    tr = on_measured_data(low, variants.Slope, tmp_path)
     with pytest.raises(FirstEpochCheckError, match=r"^simulate: NaN or infinite events at m=0\.[56]"):
         tr.fit(progress=False)
     assert tr.state.epoch == 0
