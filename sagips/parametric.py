@@ -346,7 +346,9 @@ class ParametricEnvironment(Environment):
                 pc = p[start:start + 64]
                 u = torch.rand((len(pc), self.BOX_EVENTS, self.n_uniforms or self.event_width), generator=gen,
                                dtype=dtype).to(self.device)
-                bad = ~torch.isfinite(self.simulate(pc, u)).reshape(len(pc), -1).all(-1)
+                ev = self.simulate(pc, u)
+                ev = ev.clamp(*self.support) if self.clips_events else ev  # (as training sees them: inf to an edge)
+                bad = ~torch.isfinite(ev).reshape(len(pc), -1).all(-1)
                 if bool(bad.any()):
                     named = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.names, pc[int(bad.nonzero()[0, 0])].tolist()))
                     raise EnvironmentCheckError(f"simulate: NaN or infinite events at {named} (inside the bounds, "

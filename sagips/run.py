@@ -182,6 +182,20 @@ def check_output_dir(out_dir: str, resume: bool, overwrite: bool) -> None:
     claim(out_dir)  # (this process's second claim of a directory is a no-op)
 
 
+#: the environment's settings that name files (made absolute at the start: a resume may start elsewhere)
+PATH_KEYS = ("data_file", "heldout_file", "init_generator")
+
+
+def absolute_paths(info: dict) -> dict:
+    """run.json `info` of a run from before its config kept the data file absolute: its config with run.json's
+    absolute data_file (resolved where that run started), in place; `info` returned."""
+    env = (info.get("config") or {}).get("environment")
+    if isinstance(env, dict) and isinstance(env.get("data_file"), str) and not os.path.isabs(env["data_file"]) \
+            and info.get("data_file"):
+        env["data_file"] = info["data_file"]
+    return info
+
+
 def saved_config(output_dir: str | None) -> dict:
     """--resume without --config continues with the config saved in the run's run.json."""
     if not output_dir:
@@ -190,14 +204,10 @@ def saved_config(output_dir: str | None) -> dict:
         if os.path.exists(cand):
             try:
                 with open(cand) as fh:
-                    info = json.load(fh)
-                cfg = info["config"]
+                    cfg = absolute_paths(json.load(fh))["config"]
             except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
                 raise ConfigError(f"--resume: cannot read the config in {cand} ({e})") from None
             cfg.pop("output_dir", None)
-            env = cfg.get("environment") if isinstance(cfg.get("environment"), dict) else {}
-            if env.get("data_file") and not os.path.isabs(env["data_file"]) and info.get("data_file"):
-                env["data_file"] = info["data_file"]  # (a run from before the config kept it absolute)
             return cfg
     raise ConfigError(f"--resume: {output_dir} holds no run (no run.json); start it without --resume")
 
@@ -447,9 +457,10 @@ def _configure(r: _Run) -> None:
     # an error of every rank, not a rank that exits while the others wait in the next collective
     r.cfg = cfg = agree(world, lambda: load(args.config, args.set, flags, base=base), error=ConfigError)
     r.cfg = cfg = truth_of_the_data(r, cfg, flags, base)
-    if getattr(cfg.environment, "data_file", None) and not os.path.isabs(cfg.environment.data_file):
-        # run.json's config names the file wherever the job started from: --resume works from any directory
-        cfg.environment.data_file = os.path.abspath(cfg.environment.data_file)
+    for key in PATH_KEYS:  # run.json's config names each file wherever the job started: --resume works from anywhere
+        value = getattr(cfg.environment, key, None)
+        if isinstance(value, str) and value and not os.path.isabs(value):
+            setattr(cfg.environment, key, os.path.abspath(value))
 
     # ensemble members: independent runs in sub-communicators of the world
     r.members = members = cfg.ensemble.members
@@ -496,7 +507,8 @@ def _configure(r: _Run) -> None:
     r.resume_from = None
     # what differs from the saved run (e.g. --resume --config with a preset or defaults that changed since the run
     # started): named once the resume has succeeded, so that a refused resume stays one line
-    r.resume_changes = changed_settings(prev_run.get("config") or {}, config_to_dict(cfg)) if prev_run else []
+    r.resume_changes = (changed_settings(absolute_paths(prev_run).get("config") or {}, config_to_dict(cfg))
+                        if prev_run else [])
     if prev_run is not None:
         from sagips.io.state import agree_resume_epoch
 
@@ -565,11 +577,13 @@ def truth_of_the_data(r: _Run, cfg, flags: dict, base: dict | None):
                             f"environment {cfg.environment.name!r} has {', '.join(order)}{other}")
         truth: dict | list = {n: dict(zip(names, values))[n] for n in order}
         was = [float(current[n]) for n in order]
-    else:
-        if len(values) != len(current):
+    else:  # (parameters without names, r_0, r_1, ...: a file that names others is another environment's)
+        unnamed = [f"r_{i}" for i in range(len(current))]
+        if len(values) != len(current) or (names and names != unnamed):
             raise DataError(f"data file {data_file}: its true_params have {len(values)} values"
                             + (f" (for {', '.join(names)})" if names else "")
-                            + f", environment {cfg.environment.name!r} has {len(current)} parameters{other}")
+                            + f", environment {cfg.environment.name!r} has {len(current)} parameters"
+                            + (f" ({', '.join(unnamed)})" if names else "") + other)
         truth, was = list(values), [float(v) for v in current]
     now = list(truth.values()) if isinstance(truth, dict) else truth
     if all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(now, was)):
@@ -1189,7 +1203,8 @@ def _report(r: _Run, final_q, train_s, walls, stats) -> None:
             print(short, flush=True)
         job.job_result(r.cfg.output_dir, r.members, r.job, say=lambda m: print(m, flush=True))
         return
-    measured = r.run_info.get("truth_known") is False  # (the truth is a placeholder: no residual against it)
+    # measured data of an environment that predicts parameters: the truth is a placeholder, no residual against it
+    measured = r.run_info.get("truth_known") is False and bool(final_q) and "params" in final_q
     table = (predicted_table(env.parameter_names(), final_q["params"]) if measured else env.summary_table(final_q)) \
         if final_q else ""
     print(f"{done}; the table is the mean of all {comm.size} rank(s)' generators", flush=True)

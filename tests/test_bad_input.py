@@ -101,6 +101,10 @@ CASES = [
     # a data file's truth is the run's (python -m sagips.data writes it): one that cannot be is one line
     ("data's truth: 5 values", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 1.0, -0.5])),
      ["true_params have 5 values", "6 parameters: is it a file of another environment? set environment.name"]),
+    ("data's truth: another environment's names", [],
+     lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, 1.0, -0.5, 4.0], ["mu", "sigma", "a", "b", "c", "d"])),
+     ["true_params have 6 values (for mu, sigma, a, b, c, d), environment 'proxy1d' has 6 parameters (r_0, r_1",
+      "set environment.name"]),
     ("data's truth: NaN", [], lambda t, o: _data(_truth(t, [2.0, -0.5, 3.0, np.nan, -0.5, 4.0])),
      ["attribute true_params", "not a list of finite numbers"]),
     ("data's truth: words", [], lambda t, o: _data(_truth(t, "p0=2")),
@@ -140,11 +144,13 @@ def _corrupt(path):
     return path
 
 
-def _truth(tmp_path, truth):
+def _truth(tmp_path, truth, names=None):
     """A data file that names its truth (attribute true_params, as python -m sagips.data writes it)."""
     path = h5(tmp_path / "ref.h5", data=np.random.default_rng(0).uniform(0.1, 0.9, (50, 2)).astype(np.float32))
     with h5py.File(path, "a") as f:
         f.attrs["true_params"] = truth
+        if names is not None:
+            f.attrs["parameter_names"] = names
     return path
 
 

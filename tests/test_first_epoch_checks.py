@@ -221,3 +221,14 @@ def test_a_parameter_given_as_a_key_is_told_where_it_lives():
                                                    "true_params": {"m": 1.5}, "simulate": lambda self, p, u: u,
                                                    "__module__": __name__})
         from_dict(sim.Config, {"grid_points": 5}, "environment.")
+
+
+def test_a_clipping_simulators_infinite_events_land_on_the_edge_and_pass():
+    """A simulator that sets `support` clips its events to it, +-inf too, as training sees them: the box check
+    judges the clipped events (a review: it judged the raw ones, and refused what training accepts)."""
+    clip = type("ClipInf", (ParametricEnvironment,), {
+        "name": "clipinf", "support": (0.0, 1.0), "parameters": {"m": (0.5, 3.0)}, "true_params": {"m": 1.5},
+        "simulate": lambda self, p, u: u ** (1.0 / p[:, None, :]) / (u > 0.05), "__module__": __name__})
+    arrays, _ = clip.generate_reference(from_dict(clip.Config, dict(SMALL), "environment."), 0)
+    ev = arrays["events"]
+    assert np.isfinite(ev).all() and (ev == 1.0).mean() > 0.02  # (the infinite ones, on the edge)

@@ -32,6 +32,25 @@ def test_data_cli_writes_training_and_heldout_files(tmp_path, capsys):
     assert "optigan_heldout.h5" in capsys.readouterr().out
 
 
+def test_a_run_on_its_files_ends_with_its_own_table(tmp_path, monkeypatch, capsys):
+    """optiGAN's files name no truth (it predicts no parameters): the end of the run is its own table, not the
+    predicted-parameter table of measured data (a review: KeyError 'params' after the training had finished), and
+    run.json keeps the files' paths absolute (a resume may start in another directory)."""
+    from sagips.run import main
+    from tests.test_optigan_train import TINY as TRAIN
+
+    out = tmp_path / "optigan.h5"
+    assert optigan_data.main(["--out", str(out)] + TINY) == 0
+    monkeypatch.chdir(tmp_path)
+    sets = [a for s in TRAIN + ["environment.data_file=optigan.h5", "environment.heldout_file=optigan_heldout.h5"]
+            for a in ("--set", s)]
+    assert main(sets + ["--epochs", "2", "--output-dir", str(tmp_path / "run")]) == 0
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["status"] == "complete" and "js" in capsys.readouterr().out.lower()
+    env = info["config"]["environment"]
+    assert env["data_file"] == str(out) and env["heldout_file"] == str(tmp_path / "optigan_heldout.h5")
+
+
 def test_data_cli_rejects_bad_values(tmp_path, capsys):
     assert optigan_data.main(["--out", str(tmp_path / "x.h5"), "--reflectivity", "1.5"]) == 2
     assert "--reflectivity" in capsys.readouterr().err

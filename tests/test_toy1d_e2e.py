@@ -144,10 +144,15 @@ def test_a_truth_named_by_an_array_and_a_relative_data_path(env, tmp_path, monke
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert (f"the run was trained on data file {data}, and this resume's settings generate the data instead: add "
             f"--set environment.data_file={data}, or resume without --config") in lines[0], lines[0]
-    # without it, the run's own settings (the run was started from another directory)
+    # without it, the run's own settings (the run was started from another directory); a run from before the
+    # config kept the path absolute (run.json's own data_file was) resumes alike, with no setting said to differ
+    info["config"]["environment"]["data_file"] = "d/b.h5"
+    (out / "run.json").write_text(json.dumps(info))
     r = run(["--resume", "--epochs", "4", "--output-dir", str(out)], tmp_path / "elsewhere",
             ["-m", "sagips.run", "--no-progress"])
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 setting(s) differ from the saved run's, and this run uses the new value(s): train.epochs: 2 -> 4\n" \
+        in r.stderr, r.stderr[-3000:]  # (the --epochs given, not the data file's path)
     assert json.loads((out / "run.json").read_text())["epochs"] == 4
     with h5py.File(data, "a") as f:
         f.attrs["parameter_names"] = ["x", "y", "z"]
