@@ -280,7 +280,8 @@ def markdown(summary: dict[str, Any], figures: dict[str, str]) -> str:
     s = summary["settings"]
     lines = ["# SAGIPS ensemble analysis", "",
              (f"Environment `{summary['environment']}`; {len(summary['runs'])} run(s) in {len(groups)} group(s) "
-              f"(grouped by `{s['group_by']}`); K = {s['noise_samples']} shared noise vectors (seed {s['seed']})."),
+              f"(grouped by `{s['group_by']}`); K = {s['noise_samples']} shared noise vectors (seed {s['seed']}) "
+              f"for the series and the residual table; p̂ ± σ below uses K = {s['final_noise_samples']}."),
              "",
              *quotable(summary), "",
              "## Normalised residuals at the last time step (Table IV style)", "",

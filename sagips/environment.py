@@ -264,6 +264,7 @@ def get_environment(name: str) -> type[Environment]:
         known = ", ".join(sorted(eps)) or "none"
         raise ConfigError(f"environment.name: unknown environment {name!r} (registered: {known}); a package of your "
                           f"own registers it with an entry point in the group sagips.environments, once installed "
-                          f"(pip install -e YOUR_PACKAGE) where sagips runs (docs/environments.md)")
+                          f"(pip install -e YOUR_PACKAGE, or pip install --target DIR with DIR on PYTHONPATH) where "
+                          f"sagips runs, and sagips.analyze too (docs/environments.md)")
     return load_entry_point(eps[name])
 

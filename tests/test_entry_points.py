@@ -77,7 +77,9 @@ def test_presets_and_defaults_travel_with_the_environment(site):
         load("toy1d:fast")
     with pytest.raises(ConfigError, match=r"unknown environment 'nope' \(registered: .*toy1d.*\); a package of your "
                                           r"own registers it with an entry point in the group sagips.environments, "
-                                          r"once installed \(pip install -e YOUR_PACKAGE\) where sagips runs") as e:
+                                          r"once installed \(pip install -e YOUR_PACKAGE, or pip install --target "
+                                          r"DIR with DIR on PYTHONPATH\) where sagips runs, and sagips.analyze too") \
+            as e:
         load("nope:quick")
     assert "\n" not in str(e.value)
 
