@@ -299,58 +299,48 @@ class ParametricEnvironment(Environment):
         fisher = self.pipeline_method == "density" and cfg.precondition == "fisher"
         self.preconditioner = FisherPreconditioner(len(self.names), dev) if fisher else None
 
-    #: points of the box of the bounds at which the density is checked before any work: its middle, its corners
+    #: points of the box of the bounds at which the pipeline is checked before any work: its middle, its corners
     #: 1e-6 of each range inside (up to 2^10; at a bound itself a width of 0 may be no density at all) and this many
     #: others, drawn with a fixed seed (the same on every rank, which then fail alike)
     BOX_POINTS = 256
     _box_checked: ClassVar[set] = set()  #: (class, config, support, dtype) already checked in this process
 
-    def _check_density_over_box(self) -> None:
-        """The density's shape and sign over the whole box of the bounds, once, at the first call: the generator can
-        reach any point of it, and the step reads no device value to check each call (a new user's density, negative
-        for |slope| > 1 inside bounds of +-2: rank 0's first call passed, later ones sampled from a non-monotonic
-        CDF without a word, and other ranks' first calls failed mid-run with a traceback)."""
-        key = (type(self), repr(self.cfg), tuple(self.support), self.x.dtype)  # (the config: bounds, what density reads)
+    #: events per point of the box at which a simulator is checked, from uniforms of a fixed seed
+    BOX_EVENTS = 64
+
+    def _check_over_box(self, dtype: torch.dtype) -> None:
+        """The pipeline over the whole box of the bounds, once per class and config in a process, at the first call:
+        the generator can reach any point of it, and the step reads no device value to check each call. A density's
+        shape and sign (a new user's density, negative for |slope| > 1 inside bounds of +-2: rank 0's first call
+        passed, later ones sampled from a non-monotonic CDF without a word, and other ranks' first calls failed
+        mid-run with a traceback); a simulator's events finite, BOX_EVENTS per point, clipped where the class clips
+        (a new user's simulator, NaN for a width below 0.3 inside bounds from 0.2, trained until the generator went
+        there, then failed with a traceback that blamed the learning rates)."""
+        key = (type(self), repr(self.cfg), tuple(self.support or ()), dtype)  # (the config: bounds, what it reads)
         if key in ParametricEnvironment._box_checked:  # (the reference data build one environment per block)
             return
-        p = self._box_points(self.x.dtype)
-        with torch.no_grad():
-            for start in range(0, len(p), 64):
-                self._check_density(self.density(p[start:start + 64], self.x), p[start:start + 64], self.x)
-        ParametricEnvironment._box_checked.add(key)
-
-    def _box_points(self, dtype: torch.dtype) -> torch.Tensor:
-        """The points of the box of the bounds that the first call checks (BOX_POINTS), physical, on the device."""
         P = len(self.names)
         lo, hi = self.pmin.double().cpu(), self.pmax.double().cpu()
         u = torch.rand((self.BOX_POINTS, P), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         pts = [torch.full((1, P), 0.5, dtype=torch.float64), u]
         if P <= 10:  # the corners, 1e-6 of the range inside (a sigmoid reaches 1.0 in float32 from a logit of 17)
             pts.append(1e-6 + (1 - 2e-6) * ((torch.arange(2 ** P)[:, None] >> torch.arange(P)) & 1).double())
-        return (lo + torch.cat(pts) * (hi - lo)).to(dtype).to(self.device)
-
-    #: events per point of the box at which a simulator is checked, from uniforms of a fixed seed
-    BOX_EVENTS = 64
-
-    def _check_simulator_over_box(self, dtype: torch.dtype) -> None:
-        """A simulator's events are finite over the whole box of the bounds, once, at the first call (a new user's
-        simulator, NaN for a width below 0.3 inside bounds from 0.2, trained until the generator went there, then
-        failed with a traceback that blamed the learning rates)."""
-        key = (type(self), repr(self.cfg), tuple(self.support or ()), dtype)
-        if key in ParametricEnvironment._box_checked:
-            return
-        p = self._box_points(dtype)
+        p = (lo + torch.cat(pts) * (hi - lo)).to(dtype).to(self.device)
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for start in range(0, len(p), 64):
                 pc = p[start:start + 64]
+                if self.pipeline_method == "density":
+                    self._check_density(self.density(pc, self.x), pc, self.x)
+                    continue
                 u = torch.rand((len(pc), self.BOX_EVENTS, self.n_uniforms or self.event_width), generator=gen,
                                dtype=dtype).to(self.device)
                 ev = self.simulate(pc, u)
                 ev = ev.clamp(*self.support) if self.clips_events else ev  # (as training sees them: inf to an edge)
                 bad = ~torch.isfinite(ev).reshape(len(pc), -1).all(-1)
                 if bool(bad.any()):
-                    named = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.names, pc[int(bad.nonzero()[0, 0])].tolist()))
+                    at = pc[int(bad.nonzero()[0, 0])].tolist()
+                    named = ", ".join(f"{n}={v:.4g}" for n, v in zip(self.names, at))
                     raise EnvironmentCheckError(f"simulate: NaN or infinite events at {named} (inside the bounds, "
                                                 f"where the generator can go): narrow the bounds (`parameters`, or "
                                                 f"environment.bounds) or fix the simulator there")
@@ -384,7 +374,7 @@ class ParametricEnvironment(Environment):
             f = self.density(p, x)
             if not self._first_call_checked:  # (the first call, on every rank alike)
                 self._check_density(f, p, x)
-                self._check_density_over_box()
+                self._check_over_box(self.x.dtype)
             _, cdf = normalized_cdf(f, x)
             return sample_inverse_cdf(cdf, x, u[..., 0])[..., None]
         ev = self.simulate(p, u)
@@ -395,7 +385,7 @@ class ParametricEnvironment(Environment):
             raise EnvironmentCheckError(f"simulate: expected events of shape (B, E, event_width) = {want} for p "
                                         f"{tuple(p.shape)} and u {tuple(u.shape)}, got {self._shape_hint(ev, want)}")
         if not self._first_call_checked:  # (the first call, on every rank alike)
-            self._check_simulator_over_box(p.dtype)
+            self._check_over_box(p.dtype)
             self._first_call_checked = True
         if self.clips_events:  # a detector's range: events outside it land on its edges (no gradient there)
             ev = ev.clamp(*self.support)
@@ -424,7 +414,7 @@ class ParametricEnvironment(Environment):
 
     def _check_density(self, f: Any, p: torch.Tensor, x: torch.Tensor) -> None:
         """The density's shape and sign (a negative or zero density makes no CDF): at the first call's parameters,
-        then over the box (`_check_density_over_box`)."""
+        then over the box (`_check_over_box`)."""
         want = (p.shape[0], x.shape[0])
         if not torch.is_tensor(f) or tuple(f.shape) != want:
             shape = tuple(f.shape) if torch.is_tensor(f) else type(f).__name__

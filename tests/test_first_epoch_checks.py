@@ -53,7 +53,7 @@ def test_each_mistake_fails_with_one_line(variants, tmp_path, name, start, detai
 def test_density_that_is_nan_inside_the_bounds(variants, tmp_path):
     NaNAtLargeC = variants.NaNAtLargeC
     # the truth (c = 0.9) is fine, the box middle (c ~ 1.05) is not: the first call (here the reference data's, at
-    # the truth) checks the whole box (ParametricEnvironment._check_density_over_box), its middle first
+    # the truth) checks the whole box (ParametricEnvironment._check_over_box), its middle first
     with pytest.raises(EnvironmentCheckError, match=r"^density: NaN or infinite values at a=.*c=1\.[0-9]+ \(inside"):
         make_trainer(NaNAtLargeC, tmp_path, g_start=0.0)
 

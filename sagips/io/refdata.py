@@ -130,8 +130,9 @@ def checked_dataset(f, path: str, name: str, cols: int):
         raise DataError(f"data file {path}: no dataset '{name}' (it holds: {have})")
     ds = f[name]
     if ds.ndim != 2 or ds.shape[1] != cols or ds.shape[0] == 0:
+        flat = ds.ndim != 2 and ds.size and ds.size % cols == 0  # (the right values in another shape)
         raise DataError(f"data file {path}: dataset '{name}' has shape {ds.shape}, expected (N>0, {cols})"
-                        + (f" (h5py: f['{name}'] = x.reshape(-1, {cols}))" if ds.ndim != 2 and ds.size and ds.size % cols == 0 else ""))
+                        + (f" (h5py: f['{name}'] = x.reshape(-1, {cols}))" if flat else ""))
     if ds.dtype.kind != "f":  # integers are binned or quantised values: the samplers model continuous events
         raise DataError(f"data file {path}: dataset '{name}' holds {ds.dtype} values, not floats: events are read "
                         f"as continuous values, so integers (bin numbers, ADC channels) would be fitted as spikes; "
